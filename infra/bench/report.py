@@ -1,0 +1,78 @@
+"""Benchmark reporting: medians over repeats, a printed table and a JSON file per benchmark."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation; nan for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = int(pos), min(int(pos) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def repeat(fn: Callable[[], float], repeats: int) -> list[float]:
+    """Call `fn` (which returns one figure) `repeats` times."""
+    return [fn() for _ in range(max(1, repeats))]
+
+
+def machine() -> dict:
+    import os
+
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain markdown table of `rows` (list of flat dicts with the same keys)."""
+    if not rows:
+        return "(no rows)"
+    keys = list(rows[0])
+    cells = [[_fmt(r.get(k)) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    line = "| " + " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)) + " |"
+    sep = "| " + " | ".join("-" * w for w in widths) + " |"
+    body = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
+    return "\n".join([line, sep, *body])
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        if value != value:
+            return "n/a"
+        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return "" if value is None else str(value)
+
+
+def write_report(name: str, result: dict, output: str | None = None) -> Path:
+    """Print `result["rows"]` as a table and write the whole result (plus machine info) as JSON."""
+    path = Path(output or f"bench-results/{name}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {"benchmark": name, "machine": machine(), **result}
+    path.write_text(json.dumps(document, indent=2, default=str))
+    print(f"\n## agentstream bench {name}\n")
+    print(format_table(result.get("rows", [])))
+    for note in result.get("notes", []):
+        print(f"- {note}")
+    print(f"\nJSON: {path}")
+    return path

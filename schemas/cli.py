@@ -1,0 +1,25 @@
+"""`agentstream schema export DIR`."""
+
+from __future__ import annotations
+
+from infra.cli import command_parser, group_parser
+
+
+def register(sub) -> None:
+    schema = group_parser(sub, "schema", "event contract: export JSON Schemas")
+    export = command_parser(
+        schema, "export", "schemas.cli:export_command", "write one JSON Schema per event type"
+    )
+    export.add_argument("directory", help="output directory (created if missing)")
+
+
+def export_command(args) -> int:
+    from pathlib import Path
+
+    from schemas.export import export_schemas
+
+    paths = export_schemas(Path(args.directory))
+    for path in paths:
+        print(path)
+    print(f"wrote {len(paths)} JSON Schemas to {args.directory}")
+    return 0

@@ -1,0 +1,118 @@
+"""Bytes in, events out (and back). The codec enforces the versioning policy.
+
+- `encode(event) -> bytes`: compact JSON (pydantic's Rust serializer).
+- `decode(data) -> Event`: tolerant read. Unknown fields are ignored, older schema versions accepted;
+  an unknown `type` or a newer major `schema_version` is a `DecodeError` naming the field and value.
+- `validate(mapping, strict=True)`: the producer-side check: unknown fields are errors too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import TypeAdapter, ValidationError
+
+from schemas.errors import DecodeError, FieldError
+from schemas.events import EVENT_MODELS, EVENT_TYPES, SCHEMA_MAJOR, Event, EventBase
+
+_EVENT_ADAPTER: TypeAdapter = TypeAdapter(Event)
+
+
+def encode(event: EventBase) -> bytes:
+    """Serialize an event to compact JSON bytes."""
+    return event.__pydantic_serializer__.to_json(event)
+
+
+def encode_key(event: EventBase) -> bytes:
+    """The Kafka key: the trajectory id (every topic is keyed so one trajectory stays in order)."""
+    return event.trajectory_id.encode()
+
+
+def decode(data: bytes | bytearray | memoryview | str) -> Event:
+    """Decode bytes into the event model named by its `type` (tolerant; see module docstring)."""
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError([FieldError("$", _preview(data), f"not valid JSON: {exc}")]) from None
+    return validate(raw, strict=False)
+
+
+def validate(raw: Any, strict: bool = False) -> Event:
+    """Validate a decoded JSON value as an event. `strict` also refuses unknown fields."""
+    if not isinstance(raw, dict):
+        raise DecodeError([FieldError("$", raw, "an event must be a JSON object")])
+    event_type = _check_type(raw)
+    _check_version(raw, event_type)
+    model = EVENT_MODELS[event_type]
+    if strict:
+        _check_unknown_fields(raw, model, event_type)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise DecodeError(field_errors(exc, raw), event_type) from None
+
+
+def _check_type(raw: dict) -> str:
+    event_type = raw.get("type")
+    if event_type is None:
+        raise DecodeError([FieldError("type", None, "missing: every event needs a type")])
+    if event_type not in EVENT_MODELS:
+        known = ", ".join(EVENT_TYPES)
+        raise DecodeError([FieldError("type", event_type, f"unknown event type (known: {known})")])
+    return event_type
+
+
+def _check_version(raw: dict, event_type: str) -> None:
+    version = raw.get("schema_version")
+    if version is None:
+        return  # the model default applies (current version)
+    major_text = str(version).split(".", 1)[0]
+    if not major_text.isdigit():
+        raise DecodeError(
+            [FieldError("schema_version", version, "must look like MAJOR.MINOR, e.g. '1.0'")], event_type
+        )
+    if int(major_text) > SCHEMA_MAJOR:
+        raise DecodeError(
+            [
+                FieldError(
+                    "schema_version",
+                    version,
+                    f"newer major version than this reader supports ({SCHEMA_MAJOR}.x); upgrade agentstream",
+                )
+            ],
+            event_type,
+        )
+
+
+def _check_unknown_fields(raw: dict, model: type[EventBase], event_type: str) -> None:
+    unknown = sorted(set(raw) - set(model.model_fields))
+    if unknown:
+        raise DecodeError([FieldError(name, raw[name], "unknown field") for name in unknown], event_type)
+
+
+def field_errors(exc: ValidationError, raw: Any = None) -> list[FieldError]:
+    """Turn pydantic's errors into FieldErrors naming the dotted field path and the value."""
+    out = []
+    for err in exc.errors(include_url=False):
+        path = ".".join(str(p) for p in err["loc"]) or "$"
+        value = err.get("input")
+        if err["type"] == "missing":
+            value = None
+        out.append(FieldError(path, value, _message(err)))
+    return out
+
+
+def _message(err: dict) -> str:
+    if err["type"] == "missing":
+        return "required field is missing"
+    if err["type"] == "timezone_aware":
+        return "timestamp must carry a timezone (e.g. 2026-01-01T00:00:00Z)"
+    return err["msg"]
+
+
+def _preview(data: Any, limit: int = 60) -> str:
+    if isinstance(data, memoryview):
+        data = data.tobytes()
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes | bytearray) else str(data)
+    return text if len(text) <= limit else text[:limit] + "..."

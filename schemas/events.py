@@ -1,0 +1,310 @@
+"""The event contract: one frozen pydantic model per event type, and `Event`, their union on `type`.
+
+Rules (README, "Versioning"):
+- Every event carries the envelope: `event_id`, `type`, `schema_version`, `trajectory_id`,
+  `occurred_at` (timezone-aware, normalised to UTC) and `producer`. Payload fields sit beside them.
+- Models read tolerantly: unknown fields are ignored, and fields added after 1.0 are optional, so an
+  older `schema_version` decodes. A newer *major* version is refused by the codec.
+- `None` means "absent / no signal", never a neutral value: a reward layer without a signal is None.
+- Field names are fixed by ARCHITECTURE.md; add fields freely, never rename.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+
+SCHEMA_MAJOR = 1
+SCHEMA_VERSION = f"{SCHEMA_MAJOR}.0"
+
+Score = Annotated[float, Field(ge=0.0, le=1.0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+NonNegFloat = Annotated[float, Field(ge=0.0)]
+JsonDict = dict[str, Any]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class EventBase(BaseModel):
+    """The envelope every event carries."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
+    event_id: str = Field(min_length=1, description="unique; derived events use a deterministic id")
+    type: str
+    schema_version: str = Field(SCHEMA_VERSION, pattern=r"^\d+\.\d+$")
+    trajectory_id: str = Field(min_length=1, description="partition key: one trajectory, one partition")
+    occurred_at: AwareDatetime = Field(description="when it happened, timezone-aware (stored as UTC)")
+    producer: str = Field(min_length=1, description="who wrote the event, e.g. 'sdk/0.1.0' or 'rules'")
+
+    @field_validator("occurred_at")
+    @classmethod
+    def _to_utc(cls, value: datetime) -> datetime:
+        return value.astimezone(UTC)
+
+
+# --- agent.events -------------------------------------------------------------------------------
+
+
+class EpisodeStarted(EventBase):
+    type: Literal["episode.started"] = "episode.started"
+    task_id: str = Field(min_length=1)
+    task: str = Field("", description="the instruction given to the agent")
+    domain: str = "generic"
+    agent: str = ""
+    model: str = ""
+    policy_version: str | None = None
+    group_id: str | None = Field(None, description="rollouts of one task sampled together (GRPO groups)")
+    reference_steps: NonNegInt | None = Field(None, description="reference step count, for efficiency")
+    metadata: JsonDict = Field(default_factory=dict)
+
+
+class StepRecorded(EventBase):
+    type: Literal["step.recorded"] = "step.recorded"
+    step_index: NonNegInt
+    thought: str = ""
+    tool: str = ""
+    params: JsonDict = Field(default_factory=dict)
+    observation: str = ""
+    exit_code: int | None = None
+    error: str | None = None
+    model: str = ""
+    policy_version: str | None = None
+    input_tokens: NonNegInt | None = None
+    output_tokens: NonNegInt | None = None
+    latency_ms: NonNegFloat | None = None
+    token_ids: list[int] | None = Field(None, description="sampled token ids, for on-policy RL")
+    logprobs: list[float] | None = Field(None, description="logprobs of token_ids, same length")
+
+
+class EpisodeEnded(EventBase):
+    type: Literal["episode.ended"] = "episode.ended"
+    success: bool
+    score: Score | None = None
+    tests_passed: NonNegInt | None = None
+    tests_failed: NonNegInt | None = None
+    terminated: bool = True
+    truncated: bool = False
+    total_steps: NonNegInt | None = None
+    error: str | None = Field(None, description="why the episode failed, when it raised")
+
+
+# --- reward.rule --------------------------------------------------------------------------------
+
+
+class RuleRewardStep(EventBase):
+    type: Literal["reward.rule.step"] = "reward.rule.step"
+    step_index: NonNegInt
+    redundancy: Score | None = None
+    regression: Score | None = None
+    info_utilization: Score | None = None
+    score: Score | None = Field(None, description="weighted mean of the present components; None if none")
+    domain: str = "generic"
+    reward_version: str
+    source_event_id: str
+
+
+# --- reward.judge -------------------------------------------------------------------------------
+
+
+class _JudgeCost(EventBase):
+    judge_model: str
+    prompt_version: str
+    input_tokens: NonNegInt = 0
+    output_tokens: NonNegInt = 0
+    cost_usd: NonNegFloat = 0.0
+    latency_ms: NonNegFloat = 0.0
+    cached: bool = False
+
+
+class JudgeStep(_JudgeCost):
+    type: Literal["reward.judge.step"] = "reward.judge.step"
+    step_index: NonNegInt
+    scores: dict[str, Score] = Field(default_factory=dict, description="rubric -> score; unscored = absent")
+    score: Score | None = None
+    rationale: str = ""
+    source_event_id: str | None = None
+
+
+class JudgeTrajectory(_JudgeCost):
+    type: Literal["reward.judge.trajectory"] = "reward.judge.trajectory"
+    scores: dict[str, Score] = Field(default_factory=dict)
+    score: Score | None = None
+    rationale: str = ""
+    group_id: str | None = None
+    mode: Literal["trajectory", "group"] = "trajectory"
+
+
+class JudgeFailed(EventBase):
+    type: Literal["reward.judge.failed"] = "reward.judge.failed"
+    reason: str
+    kind: Literal["error", "parse", "budget_paused", "circuit_open"] = "error"
+    step_index: NonNegInt | None = None
+    judge_model: str = ""
+    prompt_version: str = ""
+    attempts: NonNegInt = 0
+    retry_at: AwareDatetime | None = None
+
+
+# --- feedback.human -----------------------------------------------------------------------------
+
+
+class FeedbackAnnotation(EventBase):
+    type: Literal["feedback.annotation"] = "feedback.annotation"
+    step_index: NonNegInt | None = Field(None, description="None: the annotation is for the trajectory")
+    rubric: str = "overall"
+    score: Score
+    annotator: str = ""
+    comment: str = ""
+
+
+# --- trajectory.scored --------------------------------------------------------------------------
+
+
+class ScoredStep(BaseModel):
+    """One step inside `trajectory.scored`, with each reward layer (None = absent)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+
+    step_index: NonNegInt
+    thought: str = ""
+    tool: str = ""
+    params: JsonDict = Field(default_factory=dict)
+    observation: str = ""
+    exit_code: int | None = None
+    error: str | None = None
+    rule_score: Score | None = None
+    redundancy: Score | None = None
+    regression: Score | None = None
+    info_utilization: Score | None = None
+    judge_score: Score | None = None
+    judge_scores: dict[str, Score] = Field(default_factory=dict)
+    human_score: Score | None = None
+    process_score: Score | None = Field(None, description="combined step reward over present layers")
+    input_tokens: NonNegInt | None = None
+    output_tokens: NonNegInt | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    policy_version: str | None = None
+
+
+class TrajectoryScored(EventBase):
+    type: Literal["trajectory.scored"] = "trajectory.scored"
+    task_id: str
+    task: str = ""
+    domain: str = "generic"
+    agent: str = ""
+    model: str = ""
+    policy_version: str | None = None
+    group_id: str | None = None
+    success: bool | None = None
+    steps: list[ScoredStep] = Field(default_factory=list)
+    total_steps: NonNegInt = 0
+    outcome_score: Score | None = None
+    process_score: Score | None = None
+    efficiency_score: Score | None = None
+    total_reward: Score | None = None
+    complete: bool = True
+    missing: list[str] = Field(default_factory=list, description="what was absent when emitted")
+    revision: NonNegInt = 0
+    reward_version: str = ""
+    calibration_version: str | None = None
+    started_at: AwareDatetime | None = None
+    ended_at: AwareDatetime | None = None
+    metadata: JsonDict = Field(default_factory=dict)
+
+
+# --- training.batches / policy.updates ----------------------------------------------------------
+
+
+class BatchBuilt(EventBase):
+    """A training batch file was written. `trajectory_id` carries the batch id (the topic key)."""
+
+    type: Literal["batch.built"] = "batch.built"
+    batch_id: str
+    kind: Literal["sft", "sft_tokenized", "dpo", "dpo_step", "grpo"]
+    path: str
+    format: Literal["jsonl", "parquet"] = "jsonl"
+    row_count: NonNegInt
+    trajectory_ids: list[str] = Field(default_factory=list)
+    source_offsets: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="topic -> partition -> next offset covered by this batch"
+    )
+    reward_versions: list[str] = Field(default_factory=list)
+    calibration_versions: list[str] = Field(default_factory=list)
+    policy_versions: list[str] = Field(default_factory=list)
+    builder_config: JsonDict = Field(default_factory=dict)
+    sha256: str = ""
+
+
+class PolicyUpdated(EventBase):
+    """A training step produced a new policy. `trajectory_id` carries the policy version (the key)."""
+
+    type: Literal["policy.updated"] = "policy.updated"
+    policy_version: str
+    previous_version: str | None = None
+    base_model: str = ""
+    checkpoint_path: str = ""
+    method: str = ""
+    step: NonNegInt = 0
+    batch_ids: list[str] = Field(default_factory=list)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+# --- agentstream.dlq ----------------------------------------------------------------------------
+
+
+class DeadLetter(EventBase):
+    """Input a stage could not use, with why and where it came from. `trajectory_id` is 'unknown'
+    when the input did not carry one."""
+
+    type: Literal["dead.letter"] = "dead.letter"
+    reason: str
+    error_type: str = ""
+    stage: str = Field(description="the processor that rejected it (its stable name)")
+    source_topic: str | None = None
+    source_partition: int | None = None
+    source_offset: int | None = None
+    source_key: str | None = None
+    payload: str = Field("", description="the rejected bytes: utf-8 text, or base64 (see encoding)")
+    payload_encoding: Literal["utf-8", "base64"] = "utf-8"
+
+
+Event = Annotated[
+    EpisodeStarted
+    | StepRecorded
+    | EpisodeEnded
+    | RuleRewardStep
+    | JudgeStep
+    | JudgeTrajectory
+    | JudgeFailed
+    | FeedbackAnnotation
+    | TrajectoryScored
+    | BatchBuilt
+    | PolicyUpdated
+    | DeadLetter,
+    Field(discriminator="type"),
+]
+
+EVENT_MODELS: dict[str, type[EventBase]] = {
+    model.model_fields["type"].default: model
+    for model in (
+        EpisodeStarted,
+        StepRecorded,
+        EpisodeEnded,
+        RuleRewardStep,
+        JudgeStep,
+        JudgeTrajectory,
+        JudgeFailed,
+        FeedbackAnnotation,
+        TrajectoryScored,
+        BatchBuilt,
+        PolicyUpdated,
+        DeadLetter,
+    )
+}
+EVENT_TYPES: tuple[str, ...] = tuple(EVENT_MODELS)
