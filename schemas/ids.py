@@ -11,9 +11,10 @@ NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://agentstream.dev/events")
 def derived_event_id(event_type: str, *parts: object) -> str:
     """A stable id for an event derived from `parts` (e.g. the source event id and a logic version).
 
-    >>> derived_event_id("reward.rule.step", "abc", "rules-1") == derived_event_id("reward.rule.step", "abc", "rules-1")
+    >>> a = derived_event_id("reward.rule.step", "abc", "rules-1")
+    >>> a == derived_event_id("reward.rule.step", "abc", "rules-1")
     True
-    >>> derived_event_id("reward.rule.step", "abc", "rules-1") == derived_event_id("reward.rule.step", "abc", "rules-2")
+    >>> a == derived_event_id("reward.rule.step", "abc", "rules-2")
     False
     """
     key = "\x1f".join([event_type, *(str(p) for p in parts)])
