@@ -24,8 +24,11 @@ COMMAND_MODULES = (
     "infra.bench.cli",
     "infra.stack_cli",
     "producers.cli",
+    "producers.adapters.cli",
     "streams.cli",
+    "streams.judge.cli",
     "consumers.cli",
+    "consumers.trainer.cli",
 )
 
 ENV_PREFIX = "AGENTSTREAM_"

@@ -14,6 +14,13 @@ from infra.cli import add_option, command_parser, group_parser
 # name -> one-line description; the module infra.bench.<name> implements it.
 BENCHMARKS = {
     "codec": "event codec encode/decode throughput (step.recorded, 2 KB observation)",
+    "broker": "embedded broker produce/consume throughput with kafka-python and aiokafka; recovery time",
+    "produce": "SDK steps/s and gateway events/s with p50/p99 time to broker acknowledgement",
+    "streams": "rule-reward and assembly steps/s per worker; publish-to-reward latency",
+    "judge": "LLM-judge steps/s at several concurrencies against a local Messages API server",
+    "sink": "topic-to-ClickHouse rows/s and publish-to-visible latency",
+    "trainer": "batch building trajectories/s and training tokens/s",
+    "e2e": "sustained load through every stage; end-to-end latencies",
 }
 
 

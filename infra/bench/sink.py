@@ -1,0 +1,13 @@
+"""`agentstream bench sink` (not implemented yet; the owning issue replaces this stub)."""
+
+from __future__ import annotations
+
+from schemas.errors import AgentstreamError
+
+
+def add_arguments(parser) -> None:
+    """Options of this benchmark."""
+
+
+def run(args) -> dict:
+    raise AgentstreamError("agentstream bench sink is not implemented yet")
