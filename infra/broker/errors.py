@@ -1,0 +1,58 @@
+"""Exceptions of the embedded broker (`infra.broker`).
+
+`BrokerStorageError` is the root for the storage layer (log, store, records); the network layer may
+add its own classes below (append only). Each class names the Kafka error it maps to, so the protocol
+handlers can translate without guessing. Messages name the field and the value received.
+"""
+
+from __future__ import annotations
+
+from schemas.errors import AgentstreamError
+
+
+class BrokerStorageError(AgentstreamError):
+    """Root of every error raised by the broker's storage layer (Kafka: UNKNOWN_SERVER_ERROR, -1)."""
+
+
+class InvalidRecordError(BrokerStorageError):
+    """A produced records blob is not a valid v2 record batch sequence (Kafka: INVALID_RECORD, 87)."""
+
+
+class CorruptRecordError(InvalidRecordError):
+    """A record batch whose CRC-32C does not match its bytes (Kafka: CORRUPT_MESSAGE, 2)."""
+
+
+class OutOfOrderSequenceError(BrokerStorageError):
+    """An idempotent batch out of sequence (Kafka: OUT_OF_ORDER_SEQUENCE_NUMBER, 45)."""
+
+
+class InvalidProducerEpochError(BrokerStorageError):
+    """A batch from an older epoch of a producer id than already seen (Kafka: INVALID_PRODUCER_EPOCH, 47)."""
+
+
+class OffsetOutOfRangeError(BrokerStorageError):
+    """A read below the log start offset or above the high watermark (Kafka: OFFSET_OUT_OF_RANGE, 1)."""
+
+
+class InvalidConfigError(BrokerStorageError):
+    """A topic config value that cannot be used (Kafka: INVALID_CONFIG, 40)."""
+
+
+class TopicExistsError(BrokerStorageError):
+    """CreateTopics for a name that already exists (Kafka: TOPIC_ALREADY_EXISTS, 36)."""
+
+
+class InvalidTopicError(BrokerStorageError):
+    """A topic name Kafka would refuse (Kafka: INVALID_TOPIC_EXCEPTION, 17)."""
+
+
+class InvalidPartitionsError(BrokerStorageError):
+    """A partition count below 1 (Kafka: INVALID_PARTITIONS, 37)."""
+
+
+class UnknownTopicError(BrokerStorageError):
+    """A topic that does not exist (Kafka: UNKNOWN_TOPIC_OR_PARTITION, 3)."""
+
+
+class UnknownPartitionError(UnknownTopicError):
+    """A partition index outside the topic's range (Kafka: UNKNOWN_TOPIC_OR_PARTITION, 3)."""

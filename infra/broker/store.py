@@ -1,0 +1,341 @@
+"""The broker's durable state on disk: topics, their partition logs, group offsets, producer ids.
+
+Owns the files directly under the broker data directory:
+
+- `topics.json`: topic name -> topic id (stable uuid), partition count, config overrides
+  (replaced atomically: tmp + fsync + rename).
+- `<topic>-<partition>/`: one `PartitionLog` per partition (see `infra.broker.log`).
+- `group_offsets.jsonl`: committed consumer-group offsets, one JSON line per commit call, fsynced
+  before the call returns; compacted into a fresh file on open and when it grows.
+- `producer_ids.json`: the next unallocated block of producer ids, so an id is never handed out twice.
+
+It must not know the wire protocol or group membership (the coordinator lives in the server layer);
+it only stores what they decide.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.broker.errors import (
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidTopicError,
+    TopicExistsError,
+    UnknownPartitionError,
+    UnknownTopicError,
+)
+from infra.broker.log import LogConfig, PartitionLog, fsync_dir, write_file_atomic
+
+__all__ = [
+    "TOPIC_DEFAULTS",
+    "BrokerStore",
+    "InvalidConfigError",
+    "InvalidPartitionsError",
+    "InvalidTopicError",
+    "TopicExistsError",
+    "TopicMeta",
+    "UnknownPartitionError",
+    "UnknownTopicError",
+    "topic_defaults",
+]
+
+log = logging.getLogger(__name__)
+
+TOPICS_FILE = "topics.json"
+OFFSETS_FILE = "group_offsets.jsonl"
+PRODUCER_IDS_FILE = "producer_ids.json"
+PRODUCER_ID_BLOCK = 1000
+MAX_TOPIC_NAME = 249
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+_COMPACT_MIN_LINES = 10_000
+
+OffsetKey = tuple[str, int]
+OffsetValue = tuple[int, str | None, int]  # (offset, metadata, leader_epoch)
+
+
+def topic_defaults(config: LogConfig) -> dict[str, str]:
+    """The full default topic config (DescribeConfigs answers these plus a topic's overrides)."""
+    always = config.flush == "always"
+    return {
+        "cleanup.policy": "delete",
+        "retention.ms": str(config.retention_ms),
+        "retention.bytes": str(config.retention_bytes),
+        "segment.bytes": str(config.segment_bytes),
+        "segment.ms": "604800000",
+        "index.interval.bytes": str(config.index_interval_bytes),
+        "flush.messages": "1" if always else "9223372036854775807",
+        "flush.ms": "0" if always else str(config.flush_interval_ms),
+        "min.insync.replicas": "1",
+        "max.message.bytes": "1048588",
+        "message.timestamp.type": "CreateTime",
+        "compression.type": "producer",
+        "min.compaction.lag.ms": "0",
+        "delete.retention.ms": "86400000",
+    }
+
+
+TOPIC_DEFAULTS: dict[str, str] = topic_defaults(LogConfig())
+
+
+@dataclass
+class TopicMeta:
+    """A topic as the store knows it. `configs` holds only the overrides given at creation."""
+
+    name: str
+    topic_id: uuid.UUID
+    partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"topic_id": str(self.topic_id), "partitions": self.partitions, "configs": self.configs}
+
+    @classmethod
+    def from_json(cls, name: str, data: dict) -> TopicMeta:
+        return cls(name, uuid.UUID(data["topic_id"]), int(data["partitions"]), dict(data["configs"]))
+
+
+def validate_topic_name(name: str) -> None:
+    """Kafka's rules: 1-249 characters from [a-zA-Z0-9._-], not "." or ".."."""
+    if not isinstance(name, str) or not name or name in (".", ".."):
+        raise InvalidTopicError(
+            f"topic: name must be a non-empty string other than '.' or '..' (got {name!r})"
+        )
+    if len(name) > MAX_TOPIC_NAME:
+        raise InvalidTopicError(f"topic: name longer than {MAX_TOPIC_NAME} characters (got {len(name)})")
+    if not _LEGAL_TOPIC.match(name):
+        raise InvalidTopicError(f"topic: name may only contain [a-zA-Z0-9._-] (got {name!r})")
+
+
+class BrokerStore:
+    """Topics, partition logs, committed offsets and producer ids under one data directory.
+
+    Thread-safe. Every partition log is opened (and recovered) when the store opens.
+    """
+
+    def __init__(self, data_dir: Path, default_config: LogConfig | None = None):
+        self.data_dir = Path(data_dir)
+        self.default_config = default_config or LogConfig()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._topics: dict[str, TopicMeta] = self._load_topics()
+        self._logs: dict[tuple[str, int], PartitionLog] = {}
+        for meta in self._topics.values():
+            self._open_logs(meta)
+        self._offsets: dict[str, dict[OffsetKey, OffsetValue]] = {}
+        self._offsets_fh = self._open_offsets()
+        self._next_pid, self._pid_limit = self._load_producer_ids()
+
+    # -- topics
+    def _load_topics(self) -> dict[str, TopicMeta]:
+        path = self.data_dir / TOPICS_FILE
+        if not path.exists():
+            return {}
+        data = json.loads(path.read_bytes())
+        return {name: TopicMeta.from_json(name, t) for name, t in data["topics"].items()}
+
+    def _save_topics(self) -> None:
+        data = {"topics": {name: meta.to_json() for name, meta in self._topics.items()}}
+        write_file_atomic(self.data_dir / TOPICS_FILE, json.dumps(data, indent=1).encode(), sync=True)
+        fsync_dir(self.data_dir)
+
+    def log_config(self, meta: TopicMeta) -> LogConfig:
+        return LogConfig.from_topic_config(meta.configs, base=self.default_config)
+
+    def _open_logs(self, meta: TopicMeta) -> None:
+        config = self.log_config(meta)
+        for p in range(meta.partitions):
+            self._logs[(meta.name, p)] = PartitionLog(self._partition_dir(meta.name, p), config)
+
+    def _partition_dir(self, topic: str, partition: int) -> Path:
+        return self.data_dir / f"{topic}-{partition}"
+
+    def create_topic(self, name: str, partitions: int, configs: dict[str, str] | None = None) -> TopicMeta:
+        """Create a topic; TopicExistsError, InvalidTopicError, InvalidPartitionsError, InvalidConfigError."""
+        validate_topic_name(name)
+        configs = {k: str(v) for k, v in (configs or {}).items()}
+        if not isinstance(partitions, int) or partitions < 1:
+            raise InvalidPartitionsError(f"partitions: must be at least 1 (got {partitions!r})")
+        with self._lock:
+            if name in self._topics:
+                raise TopicExistsError(f"topic: {name!r} already exists")
+            meta = TopicMeta(name, uuid.uuid4(), partitions, configs)
+            self.log_config(meta)  # raises InvalidConfigError before anything is written
+            self._remove_stale_dirs(name)
+            self._topics[name] = meta
+            self._save_topics()
+            self._open_logs(meta)
+            log.info("created topic %s (%d partitions, configs %s)", name, partitions, configs)
+            return meta
+
+    def _remove_stale_dirs(self, name: str) -> None:
+        """Partition directories left by a delete that crashed half way must not resurrect old data."""
+        prefix = name + "-"
+        for path in self.data_dir.glob(f"{name}-*"):  # topic names hold no glob metacharacters
+            suffix = path.name[len(prefix) :]
+            if path.is_dir() and suffix.isdigit():
+                log.warning("removing stale partition directory %s", path)
+                shutil.rmtree(path, ignore_errors=True)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic, its data and its committed offsets. UnknownTopicError if absent."""
+        with self._lock:
+            meta = self._topics.pop(name, None)
+            if meta is None:
+                raise UnknownTopicError(f"topic: {name!r} does not exist")
+            self._save_topics()
+            for p in range(meta.partitions):
+                self._logs.pop((name, p)).delete()
+            self._append_offsets_line({"drop_topic": name})
+            for offsets in self._offsets.values():
+                for key in [k for k in offsets if k[0] == name]:
+                    del offsets[key]
+            log.info("deleted topic %s", name)
+
+    def topics(self) -> dict[str, TopicMeta]:
+        with self._lock:
+            return dict(self._topics)
+
+    def topic(self, name: str) -> TopicMeta | None:
+        return self._topics.get(name)
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicMeta | None:
+        with self._lock:
+            return next((m for m in self._topics.values() if m.topic_id == topic_id), None)
+
+    def topic_configs(self, name: str) -> dict[str, str]:
+        """Defaults merged with the topic's overrides (what DescribeConfigs returns)."""
+        meta = self._topics.get(name)
+        if meta is None:
+            raise UnknownTopicError(f"topic: {name!r} does not exist")
+        return {**topic_defaults(self.default_config), **meta.configs}
+
+    def log(self, topic: str, partition: int) -> PartitionLog:
+        """The log of one partition. UnknownTopicError / UnknownPartitionError."""
+        found = self._logs.get((topic, partition))
+        if found is not None:
+            return found
+        meta = self._topics.get(topic)
+        if meta is None:
+            raise UnknownTopicError(f"topic: {topic!r} does not exist")
+        raise UnknownPartitionError(
+            f"partition: {partition!r} does not exist in topic {topic!r} ({meta.partitions} partitions)"
+        )
+
+    # -- group offsets
+    def _open_offsets(self):
+        path = self.data_dir / OFFSETS_FILE
+        if path.exists():
+            with open(path, "rb") as fh:
+                for n, line in enumerate(fh, 1):
+                    self._replay_offsets_line(path, n, line)
+        self._write_compacted_offsets()
+        return open(path, "ab")
+
+    def _replay_offsets_line(self, path: Path, n: int, line: bytes) -> None:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            log.warning("%s line %d: unreadable (torn write?), ignored: %r", path, n, line[:80])
+            return
+        if "drop_topic" in entry:
+            for offsets in self._offsets.values():
+                for key in [k for k in offsets if k[0] == entry["drop_topic"]]:
+                    del offsets[key]
+        elif entry.get("delete"):
+            self._offsets.pop(entry["g"], None)
+        else:
+            group = self._offsets.setdefault(entry["g"], {})
+            for topic, partition, offset, metadata, epoch in entry["c"]:
+                group[(topic, partition)] = (offset, metadata, epoch)
+
+    def _write_compacted_offsets(self) -> None:
+        lines = [
+            json.dumps({"g": g, "c": [[t, p, *v] for (t, p), v in offs.items()]}) + "\n"
+            for g, offs in self._offsets.items()
+            if offs
+        ]
+        write_file_atomic(self.data_dir / OFFSETS_FILE, "".join(lines).encode(), sync=True)
+        self._offset_lines = len(lines)
+
+    def _append_offsets_line(self, entry: dict) -> None:
+        self._offsets_fh.write(json.dumps(entry, separators=(",", ":")).encode() + b"\n")
+        self._offsets_fh.flush()
+        os.fsync(self._offsets_fh.fileno())
+        self._offset_lines += 1
+        if self._offset_lines > _COMPACT_MIN_LINES and self._offset_lines > 4 * len(self._offsets):
+            self._offsets_fh.close()
+            self._write_compacted_offsets()
+            self._offsets_fh = open(self.data_dir / OFFSETS_FILE, "ab")  # noqa: SIM115 - lives with the store
+
+    def commit_offsets(self, group: str, offsets: dict[OffsetKey, OffsetValue]) -> None:
+        """Store (offset, metadata, leader_epoch) per (topic, partition); durable when this returns."""
+        if not offsets:
+            return
+        rows = [[t, int(p), int(o), m, int(e)] for (t, p), (o, m, e) in offsets.items()]
+        with self._lock:
+            self._append_offsets_line({"g": group, "c": rows})
+            stored = self._offsets.setdefault(group, {})
+            for t, p, o, m, e in rows:
+                stored[(t, p)] = (o, m, e)
+
+    def committed(self, group: str) -> dict[OffsetKey, OffsetValue]:
+        with self._lock:
+            return dict(self._offsets.get(group, {}))
+
+    def groups_with_offsets(self) -> list[str]:
+        with self._lock:
+            return sorted(g for g, offs in self._offsets.items() if offs)
+
+    def delete_group_offsets(self, group: str) -> None:
+        with self._lock:
+            if self._offsets.pop(group, None) is not None:
+                self._append_offsets_line({"g": group, "delete": True})
+
+    # -- producer ids
+    def _load_producer_ids(self) -> tuple[int, int]:
+        path = self.data_dir / PRODUCER_IDS_FILE
+        start = json.loads(path.read_bytes())["next_block"] if path.exists() else 0
+        return start, start  # the first allocation persists a new block
+
+    def next_producer_id(self) -> int:
+        """A producer id never handed out before, also across restarts (ids are reserved in blocks)."""
+        with self._lock:
+            if self._next_pid >= self._pid_limit:
+                limit = self._next_pid + PRODUCER_ID_BLOCK
+                write_file_atomic(
+                    self.data_dir / PRODUCER_IDS_FILE, json.dumps({"next_block": limit}).encode(), sync=True
+                )
+                self._pid_limit = limit
+            pid = self._next_pid
+            self._next_pid += 1
+            return pid
+
+    # -- maintenance and lifecycle
+    def apply_retention(self, now_ms: int) -> int:
+        """Apply retention to every partition; returns how many segments were deleted."""
+        with self._lock:
+            logs = list(self._logs.values())
+        return sum(pl.apply_retention(now_ms) for pl in logs)
+
+    def flush_all(self) -> None:
+        with self._lock:
+            logs = list(self._logs.values())
+        for pl in logs:
+            pl.flush()
+
+    def close(self) -> None:
+        """Close every log cleanly (next open skips the full CRC scan) and the offsets file."""
+        with self._lock:
+            for pl in self._logs.values():
+                pl.close()
+            if not self._offsets_fh.closed:
+                self._offsets_fh.close()
