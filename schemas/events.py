@@ -162,6 +162,23 @@ class FeedbackAnnotation(EventBase):
     comment: str = ""
 
 
+class CalibrationUpdated(EventBase):
+    """A fitted monotone map from automatic (judge) scores to human scores, per domain and rubric.
+
+    Published on `feedback.human`; `trajectory_id` carries `calibration:<domain>:<rubric>` (the key).
+    The map is piecewise-linear through (`xs`, `ys`), clamped outside; the newest `version` wins.
+    """
+
+    type: Literal["calibration.updated"] = "calibration.updated"
+    version: str = Field(min_length=1)
+    domain: str = "generic"
+    rubric: str = "overall"
+    xs: list[float] = Field(default_factory=list, description="automatic scores, ascending")
+    ys: list[float] = Field(default_factory=list, description="calibrated scores, non-decreasing")
+    metrics: dict[str, float] = Field(default_factory=dict, description="pearson, spearman, kendall, ...")
+    n: NonNegInt = 0
+
+
 # --- trajectory.scored --------------------------------------------------------------------------
 
 
@@ -283,6 +300,7 @@ Event = Annotated[
     | JudgeTrajectory
     | JudgeFailed
     | FeedbackAnnotation
+    | CalibrationUpdated
     | TrajectoryScored
     | BatchBuilt
     | PolicyUpdated
@@ -301,6 +319,7 @@ EVENT_MODELS: dict[str, type[EventBase]] = {
         JudgeTrajectory,
         JudgeFailed,
         FeedbackAnnotation,
+        CalibrationUpdated,
         TrajectoryScored,
         BatchBuilt,
         PolicyUpdated,

@@ -52,7 +52,7 @@ TOPICS: dict[str, TopicSpec] = {
         ),
         TopicSpec(
             FEEDBACK_HUMAN,
-            ("feedback.annotation",),
+            ("feedback.annotation", "calibration.updated"),
             config={"cleanup.policy": "delete", "retention.ms": "-1"},
             description="human labels (kept forever: calibration refits from them)",
         ),
