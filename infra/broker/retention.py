@@ -1,0 +1,24 @@
+"""Background maintenance of the broker: periodic jobs such as retention and interval flushes.
+
+`run_periodically` runs a synchronous job every `interval_s` on the event loop (the jobs are short
+file operations: deleting whole old segments, fdatasync). A failing job is logged and retried at
+the next tick; it never stops the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+
+async def run_periodically(name: str, interval_s: float, job: Callable[[], object]) -> None:
+    """Call `job()` every `interval_s` seconds until cancelled."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            job()
+        except Exception:
+            log.exception("periodic %s job failed; retrying in %.1fs", name, interval_s)

@@ -1,0 +1,92 @@
+"""`agentstream broker`: build the broker from CLI options, run it until SIGTERM/SIGINT, shut down
+cleanly (connections closed, every log flushed and closed, so the next start needs no recovery).
+
+Owns the process lifecycle only: option parsing is in cli.py, serving in server.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+from infra.broker.groups import CoordinatorConfig
+from infra.broker.state import BrokerConfig, BrokerState
+
+log = logging.getLogger(__name__)
+
+
+def config_from_args(args) -> BrokerConfig:
+    """A `BrokerConfig` from parsed `agentstream broker` options."""
+    from schemas.settings import Settings
+
+    data_dir = (
+        Path(Settings.from_args(args).data_dir) / "broker" if not args.data_dir else Path(args.data_dir)
+    )
+    return BrokerConfig(
+        data_dir=data_dir,
+        host=args.host,
+        port=args.port,
+        flush=args.flush,
+        flush_interval_ms=args.flush_interval_ms,
+        default_partitions=args.default_partitions,
+        auto_create_topics=bool(args.auto_create_topics),
+        max_request_bytes=args.max_request_bytes,
+        retention_check_interval_ms=args.retention_check_interval_ms,
+        coordinator=CoordinatorConfig(initial_rebalance_delay_ms=args.initial_rebalance_delay_ms),
+    )
+
+
+def run(args) -> int:
+    """CLI handler: serve until a signal arrives."""
+    config = config_from_args(args)
+    asyncio.run(serve(config, ready_file=Path(args.ready_file) if args.ready_file else None))
+    return 0
+
+
+def open_store(config: BrokerConfig):
+    """The durable store under `config.data_dir` with the broker-wide default log settings."""
+    from infra.broker.log import LogConfig
+    from infra.broker.store import BrokerStore
+
+    defaults = LogConfig(flush=config.flush, flush_interval_ms=config.flush_interval_ms)
+    return BrokerStore(config.data_dir, defaults)
+
+
+async def serve(
+    config: BrokerConfig, ready_file: Path | None = None, stop: asyncio.Event | None = None
+) -> None:
+    """Open the store, listen, announce readiness, and run until `stop` is set or a signal arrives."""
+    from infra.broker.server import BrokerServer
+
+    stop = stop or asyncio.Event()
+    _install_signal_handlers(stop)
+    store = open_store(config)
+    server = BrokerServer(BrokerState(config, store))
+    try:
+        host, port = await server.start()
+        if ready_file is not None:
+            _write_ready_file(ready_file, f"{host}:{port}")
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await server.close()
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(signum, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread (embedded use)
+            pass
+
+
+def _write_ready_file(path: Path, address: str) -> None:
+    """Atomically, so a watcher never reads half an address."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(address)
+    os.replace(tmp, path)

@@ -1,0 +1,74 @@
+"""What every request handler shares: the broker's configuration, storage, groups and wake-ups.
+
+`BrokerState` is built once by the server and passed to each handler. It owns the node identity
+the broker advertises (id, host, port), the storage (`BrokerStore`), the group coordinator and the
+append notification that wakes long-polling fetches. It does no network I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.broker.groups import CoordinatorConfig, GroupCoordinator
+from infra.broker.protocol import LEAN_PROFILE
+
+log = logging.getLogger(__name__)
+
+NODE_ID = 1
+CLUSTER_ID = "agentstream-embedded"
+DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Settings of one broker process (CLI options map onto these fields)."""
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 19092
+    flush: str = "always"  # "always": fsync before acknowledging; "interval": every flush_interval_ms
+    flush_interval_ms: int = 1000
+    default_partitions: int = 1
+    auto_create_topics: bool = True
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    retention_check_interval_ms: int = 5_000
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    profile: dict[int, tuple[int, int]] = field(default_factory=lambda: dict(LEAN_PROFILE))
+
+
+class AppendSignal:
+    """Wakes every waiting fetch when any partition receives records (cheap: one Event per append)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+
+class BrokerState:
+    """Shared state of a running broker; handlers read and mutate it on the event loop."""
+
+    def __init__(self, config: BrokerConfig, store) -> None:
+        self.config = config
+        self.store = store
+        self.groups = GroupCoordinator(config.coordinator)
+        self.appended = AppendSignal()
+        self.node_id = NODE_ID
+        self.cluster_id = CLUSTER_ID
+        self.advertised_host = config.host
+        self.advertised_port = config.port
+
+    @property
+    def profile(self) -> dict[int, tuple[int, int]]:
+        return self.config.profile

@@ -1,0 +1,109 @@
+"""`agentstream topics create|list|describe`: topic administration with kafka-python's admin client.
+
+Talks only the Kafka protocol, so the commands work against the embedded broker and any Apache
+Kafka. Output is plain text for people; errors raise `TopicAdminError` (one line, exit 1).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from schemas.errors import AgentstreamError
+from schemas.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class TopicAdminError(AgentstreamError):
+    """A topic command that the cluster refused or could not reach."""
+
+
+def _admin(args):
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    bootstrap = Settings.from_args(args).bootstrap_servers
+    try:
+        return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="agentstream-topics")
+    except KafkaError as exc:
+        raise TopicAdminError(f"bootstrap_servers={bootstrap!r}: cannot reach Kafka ({exc})") from exc
+
+
+def parse_configs(pairs: list[str]) -> dict[str, str]:
+    """["k=v", ...] -> {"k": "v"}.
+
+    >>> parse_configs(["retention.ms=1000", "cleanup.policy=compact"])
+    {'retention.ms': '1000', 'cleanup.policy': 'compact'}
+    """
+    configs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise TopicAdminError(f"--config: expected KEY=VALUE, got {pair!r}")
+        configs[key] = value
+    return configs
+
+
+def create(args) -> int:
+    if not args.names:
+        from infra.kafka_clients import ensure_topics
+
+        created = ensure_topics(Settings.from_args(args).bootstrap_servers)
+        print(f"created {len(created)} registry topic(s)" + (": " + ", ".join(created) if created else ""))
+        return 0
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    configs = parse_configs(args.config)
+    admin = _admin(args)
+    try:
+        for name in args.names:
+            try:
+                admin.create_topics([NewTopic(name, args.partitions, 1, topic_configs=configs)])
+                print(f"created {name} ({args.partitions} partition(s))")
+            except TopicAlreadyExistsError:
+                print(f"exists  {name}")
+    finally:
+        admin.close()
+    return 0
+
+
+def list_topics(args) -> int:
+    admin = _admin(args)
+    try:
+        for name in sorted(admin.list_topics()):
+            print(name)
+    finally:
+        admin.close()
+    return 0
+
+
+def describe(args) -> int:
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    admin = _admin(args)
+    try:
+        names = args.names or sorted(admin.list_topics())
+        described = {t["topic"]: t for t in admin.describe_topics(names)}
+        for name in names:
+            topic = described.get(name)
+            if topic is None or topic.get("error_code"):
+                raise TopicAdminError(f"topic {name!r}: not found")
+            resource = ConfigResource(ConfigResourceType.TOPIC, name)
+            configs = _config_values(admin.describe_configs([resource]))
+            print(f"{name}  partitions={len(topic['partitions'])}")
+            for key in sorted(configs):
+                print(f"    {key}={configs[key]}")
+    finally:
+        admin.close()
+    return 0
+
+
+def _config_values(responses) -> dict[str, str]:
+    values = {}
+    for response in responses if isinstance(responses, list) else [responses]:
+        data = response.to_dict() if hasattr(response, "to_dict") else response
+        for result in data.get("results", []):
+            for entry in result.get("configs", []):
+                values[entry["name"]] = entry["value"]
+    return values
