@@ -91,6 +91,12 @@ class EpisodeEnded(EventBase):
     truncated: bool = False
     total_steps: NonNegInt | None = None
     error: str | None = Field(None, description="why the episode failed, when it raised")
+    input_tokens: NonNegInt | None = Field(None, description="episode total, when the producer knows it")
+    output_tokens: NonNegInt | None = Field(None, description="episode total, when the producer knows it")
+    cost_usd: NonNegFloat | None = Field(None, description="model cost of the episode, when known")
+    outcome_source: str | None = Field(
+        None, description="where success/score came from (e.g. 'info.exit_status'); 'unknown': not stated"
+    )
 
 
 # --- reward.rule --------------------------------------------------------------------------------
