@@ -1,7 +1,119 @@
-"""Subcommands contributed by this package (see infra/cli.py). Handlers are imported lazily."""
+"""`agentstream up`, `agentstream status` and `agentstream demo`."""
 
 from __future__ import annotations
 
+from infra.cli import add_option, command_parser
+
 
 def register(sub) -> None:
-    """Add this package's subcommands to the `agentstream` parser."""
+    up = command_parser(sub, "up", "infra.stack_cli:up_command", "start and supervise the embedded stack")
+    add_option(up, "--broker-port", type=int, default=19092, help="embedded broker port")
+    add_option(up, "--workers", type=int, default=1, help="stream worker processes (rules + assembler)")
+    add_option(up, "--judge", action="store_true", default=False, help="also run the LLM judge worker")
+    add_option(up, "--gateway", action="store_true", default=False, help="also run the HTTP gateway")
+    add_option(up, "--gateway-port", type=int, default=8080, help="gateway port")
+    add_option(up, "--no-trainer", action="store_true", default=False, help="do not run the trainer consumer")
+    add_option(
+        up,
+        "--engine",
+        choices=["embedded", "external"],
+        default="embedded",
+        help="embedded: start the broker here; external: use --bootstrap-servers / --clickhouse-url as given",
+    )
+
+    status = command_parser(sub, "status", "infra.stack_cli:status_command", "per-stage lag, throughput, DLQ")
+    add_option(status, "--sample-seconds", type=float, default=1.0, help="throughput sampling window")
+
+    demo = command_parser(
+        sub, "demo", "infra.demo.run:demo_command", "run simulated agents through the whole loop"
+    )
+    add_option(
+        demo, "--episodes", type=int, default=144, help="episodes to run (tasks x policies x group size)"
+    )
+    add_option(demo, "--group-size", type=int, default=4, help="rollouts per task and policy (a GRPO group)")
+    add_option(demo, "--keep", action="store_true", default=False, help="keep the previous demo data")
+
+
+def _stack_config(args):
+    from pathlib import Path
+
+    from infra.stack import StackConfig
+    from schemas.settings import Settings
+
+    settings = Settings.from_args(args)
+    embedded = args.engine == "embedded"
+    bootstrap = f"127.0.0.1:{args.broker_port}" if embedded else settings.bootstrap_servers
+    return StackConfig(
+        data_dir=Path(settings.data_dir),
+        bootstrap_servers=bootstrap,
+        clickhouse_url=settings.resolved_clickhouse_url,
+        broker_port=args.broker_port,
+        embedded_broker=embedded,
+        workers=args.workers,
+        judge=bool(args.judge),
+        gateway=bool(args.gateway),
+        gateway_port=args.gateway_port,
+        trainer=not args.no_trainer,
+    )
+
+
+def up_command(args) -> int:
+    from infra.stack import Supervisor
+
+    config = _stack_config(args)
+    supervisor = Supervisor(config, on_event=lambda message: print(f"[up] {message}", flush=True))
+    print(
+        f"[up] starting stack in {config.data_dir.resolve()} (logs in {config.data_dir / 'logs'})", flush=True
+    )
+    try:
+        supervisor.start()
+        names = ", ".join(supervisor.running)
+        print(f"[up] running: {names}; Kafka at {config.bootstrap_servers}; Ctrl-C stops", flush=True)
+        supervisor.run_forever()
+    except KeyboardInterrupt:
+        print("\n[up] stopping...", flush=True)
+    finally:
+        supervisor.stop()
+        print("[up] stopped", flush=True)
+    return 0
+
+
+def status_command(args) -> int:
+    from pathlib import Path
+
+    from infra.bench.report import format_table
+    from infra.stack import read_state
+    from infra.status import collect
+    from schemas.settings import Settings
+
+    settings = Settings.from_args(args)
+    state = read_state(Path(settings.data_dir))
+    bootstrap = state["bootstrap_servers"] if state else settings.bootstrap_servers
+    if state:
+        rows = [
+            {"component": name, "pid": c["pid"], "alive": _alive(c["pid"]), "restarts": c["restarts"]}
+            for name, c in state["components"].items()
+        ]
+        print(format_table(rows), end="\n\n")
+    status = collect(bootstrap, sample_s=args.sample_seconds)
+    topics = [
+        {"topic": t, "records": n, "records/s": round(status.rates.get(t, 0.0), 1)}
+        for t, n in sorted(status.end_offsets.items())
+    ]
+    print(format_table(topics), end="\n\n")
+    lags = [{"consumer group": g.group, "topics": ",".join(g.topics), "lag": g.lag} for g in status.groups]
+    print(format_table(lags), end="\n\n")
+    print(f"dead letters: {status.dlq_count}")
+    return 0
+
+
+def _alive(pid) -> bool:
+    import os
+
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True

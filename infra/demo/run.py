@@ -1,0 +1,174 @@
+"""`agentstream demo`: simulated agents run against a freshly started embedded stack; then the
+leaderboard, reward by step, the DLQ count and the training batches built are printed.
+
+This is the I/O shell around infra.demo.sim (which decides what the agents do) and infra.stack
+(which runs the components). Everything goes through the real broker, workers, sink and trainer.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from infra.demo import sim
+
+
+def demo_command(args) -> int:
+    from infra.stack import StackConfig, Supervisor
+    from schemas.settings import Settings
+
+    started = time.monotonic()
+    settings = Settings.from_args(args)
+    data_dir = (Path(settings.data_dir) / "demo").resolve()
+    if data_dir.exists() and not args.keep:
+        shutil.rmtree(data_dir)
+    port = _free_port()
+    config = StackConfig(
+        data_dir=data_dir,
+        bootstrap_servers=f"127.0.0.1:{port}",
+        clickhouse_url=f"chdb://{data_dir / 'clickhouse'}",
+        broker_port=port,
+    )
+    supervisor = Supervisor(config, on_event=lambda message: print(f"[demo] {message}", flush=True))
+    print(
+        f"[demo] starting the embedded stack in {data_dir} (broker on {config.bootstrap_servers})", flush=True
+    )
+    supervisor.start()
+    try:
+        rollouts = plan(args.episodes, args.group_size)
+        run_agents(rollouts, config.bootstrap_servers, data_dir)
+        wait_for_pipeline(config, len(rollouts), supervisor)
+        print_results(config, data_dir)
+    finally:
+        print("[demo] stopping the stack", flush=True)
+        supervisor.stop()
+    print(f"[demo] done in {time.monotonic() - started:.0f}s; data kept in {data_dir}")
+    return 0
+
+
+def plan(episodes: int, group_size: int) -> list[sim.Rollout]:
+    """Tasks x policies x group rollouts, about `episodes` in total."""
+    per_task = len(sim.POLICIES) * group_size
+    out = []
+    for task in sim.tasks(max(1, math.ceil(episodes / per_task))):
+        for policy in sim.POLICIES:
+            group_id = f"{task.task_id}/{policy.model}"
+            out.extend(sim.play(task, policy, r, group_id) for r in range(group_size))
+    return out[: max(episodes, per_task)]
+
+
+def run_agents(rollouts: list[sim.Rollout], bootstrap: str, data_dir: Path) -> None:
+    from producers.recorder import AgentRecorder
+    from tqdm import tqdm
+
+    recorders = {
+        p.model: AgentRecorder(
+            bootstrap_servers=bootstrap, data_dir=data_dir, agent=p.agent, model=p.model, policy_version="v0"
+        )
+        for p in sim.POLICIES
+    }
+    try:
+        for rollout in tqdm(rollouts, desc="agents", unit="episode"):
+            _record(recorders[rollout.policy.model], rollout)
+    finally:
+        for recorder in recorders.values():
+            recorder.close()
+
+
+def _record(recorder, rollout: sim.Rollout) -> None:
+    task = rollout.task
+    with recorder.episode(
+        task_id=task.task_id,
+        task=task.instruction,
+        domain=task.domain,
+        group_id=rollout.group_id,
+        reference_steps=task.reference_steps,
+    ) as episode:
+        for step in rollout.steps:
+            episode.step(
+                thought=step.thought,
+                tool=step.tool,
+                params=step.params,
+                observation=step.observation,
+                exit_code=step.exit_code,
+                error=step.error,
+            )
+        episode.end(
+            success=rollout.success,
+            score=rollout.score,
+            tests_passed=rollout.tests_passed,
+            tests_failed=rollout.tests_failed,
+        )
+
+
+def wait_for_pipeline(config, expected: int, supervisor, timeout_s: float = 90.0) -> None:
+    """Wait until every trajectory is scored and visible in ClickHouse (with a progress bar)."""
+    from tqdm import tqdm
+
+    deadline = time.monotonic() + timeout_s
+    with tqdm(total=expected, desc="scored trajectories in ClickHouse", unit="trajectory") as bar:
+        while True:
+            supervisor.poll()
+            done = _count_trajectories(config)
+            bar.update(max(0, done - bar.n))
+            if done >= expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    if done < expected:
+        print(f"[demo] warning: only {done}/{expected} trajectories visible after {timeout_s:.0f}s")
+
+
+def _count_trajectories(config) -> int:
+    try:
+        rows = _query(config, "SELECT uniqExact(trajectory_id) FROM agentstream.trajectories")
+    except Exception:
+        return 0
+    return int(rows[0][0]) if rows else 0
+
+
+def _query(config, sql: str) -> list[tuple]:
+    from infra.clickhouse.client import connect
+
+    client = connect(config.clickhouse_url, data_dir=config.data_dir)
+    try:
+        return list(client.query(sql).result_rows)
+    finally:
+        client.close()
+
+
+def print_results(config, data_dir: Path) -> None:
+    from infra.bench.report import format_table
+    from infra.clickhouse.analytics import leaderboard_rows
+
+    print("\n== Leaderboard (by model) ==")
+    print(format_table(leaderboard_rows(_query_fn(config), by="model")))
+    print("\n== Mean rule reward by step index ==")
+    rows = _query(
+        config,
+        "SELECT step_index, round(avg(score), 3) AS mean_rule_reward, count() AS steps "
+        "FROM agentstream.rule_rewards FINAL WHERE score IS NOT NULL GROUP BY step_index ORDER BY step_index",
+    )
+    print(format_table([{"step": r[0], "mean rule reward": r[1], "steps": r[2]} for r in rows]))
+    dlq = _query(config, "SELECT count() FROM agentstream.dead_letters FINAL")[0][0]
+    print(f"\n== Dead letters: {dlq} ==")
+    batches = (
+        sorted((data_dir / "batches").glob("*/*.manifest.json")) if (data_dir / "batches").exists() else []
+    )
+    print(f"\n== Training batches built: {len(batches)} ==")
+    kinds: dict[str, int] = {}
+    for manifest in batches:
+        kinds[manifest.parent.name] = kinds.get(manifest.parent.name, 0) + 1
+    print(format_table([{"kind": k, "batches": n} for k, n in sorted(kinds.items())]))
+
+
+def _query_fn(config):
+    return lambda sql: _query(config, sql)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
