@@ -41,7 +41,7 @@ def _stack_config(args):
     from schemas.settings import Settings
 
     settings = Settings.from_args(args)
-    embedded = args.engine == "embedded"
+    embedded = args.engine == "embedded"  # docker: addresses are filled in once containers run
     bootstrap = f"127.0.0.1:{args.broker_port}" if embedded else settings.bootstrap_servers
     return StackConfig(
         data_dir=Path(settings.data_dir),
@@ -58,9 +58,20 @@ def _stack_config(args):
 
 
 def up_command(args) -> int:
+    from dataclasses import replace
+
     from infra.stack import Supervisor
 
     config = _stack_config(args)
+    containers = None
+    if args.engine == "docker":
+        from infra.docker_engine import start_docker_stack
+
+        print("[up] starting Apache Kafka and ClickHouse containers...", flush=True)
+        containers = start_docker_stack()
+        config = replace(
+            config, bootstrap_servers=containers.bootstrap_servers, clickhouse_url=containers.clickhouse_url
+        )
     supervisor = Supervisor(config, on_event=lambda message: print(f"[up] {message}", flush=True))
     print(
         f"[up] starting stack in {config.data_dir.resolve()} (logs in {config.data_dir / 'logs'})", flush=True
@@ -74,6 +85,8 @@ def up_command(args) -> int:
         print("\n[up] stopping...", flush=True)
     finally:
         supervisor.stop()
+        if containers is not None:
+            containers.stop()
         print("[up] stopped", flush=True)
     return 0
 

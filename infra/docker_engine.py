@@ -1,0 +1,144 @@
+"""Apache Kafka and ClickHouse server containers through the Docker SDK for Python: the at-scale path
+on one machine (`agentstream up --engine docker`, `pytest --engine docker`).
+
+Owns container lifecycle only. Containers publish their ports on 127.0.0.1; callers get the
+bootstrap address and the ClickHouse URL and use the same clients as the embedded mode.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+
+from schemas.errors import AgentstreamError
+
+KAFKA_IMAGE = "apache/kafka:4.1.0"
+CLICKHOUSE_IMAGE = "clickhouse/clickhouse-server:24.8"
+LABEL = "dev.agentstream.stack"
+
+
+class DockerUnavailable(AgentstreamError):
+    """No Docker engine is reachable (the message says why)."""
+
+
+def docker_client():
+    """A connected Docker client, or DockerUnavailable naming the reason."""
+    try:
+        import docker
+    except ImportError as exc:
+        raise DockerUnavailable("the 'docker' package is not installed (pip install docker)") from exc
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:
+        raise DockerUnavailable(f"no Docker engine reachable: {exc}") from exc
+    return client
+
+
+def engine_unavailable_reason() -> str | None:
+    """None when an engine is reachable, else why not (for pytest skips)."""
+    try:
+        docker_client().close()
+    except DockerUnavailable as exc:
+        return str(exc)
+    return None
+
+
+@dataclass
+class DockerStack:
+    bootstrap_servers: str
+    clickhouse_url: str
+    containers: list
+
+    def stop(self) -> None:
+        for container in self.containers:
+            try:
+                container.remove(force=True)
+            except Exception:  # already gone is fine
+                pass
+
+
+def start_docker_stack(name: str = "agentstream", timeout_s: float = 180.0) -> DockerStack:
+    """Start Kafka (KRaft, single node) and ClickHouse on free loopback ports; wait until both answer."""
+    client = docker_client()
+    kafka_port, ch_port = _free_port(), _free_port()
+    kafka = client.containers.run(
+        KAFKA_IMAGE,
+        name=f"{name}-kafka-{kafka_port}",
+        detach=True,
+        labels={LABEL: name},
+        ports={"9094/tcp": ("127.0.0.1", kafka_port)},
+        environment=_kafka_env(kafka_port),
+    )
+    clickhouse = client.containers.run(
+        CLICKHOUSE_IMAGE,
+        name=f"{name}-clickhouse-{ch_port}",
+        detach=True,
+        labels={LABEL: name},
+        ports={"8123/tcp": ("127.0.0.1", ch_port)},
+        environment={"CLICKHOUSE_DEFAULT_ACCESS_MANAGEMENT": "1", "CLICKHOUSE_PASSWORD": ""},
+    )
+    stack = DockerStack(f"127.0.0.1:{kafka_port}", f"http://127.0.0.1:{ch_port}", [kafka, clickhouse])
+    try:
+        _wait_kafka(stack.bootstrap_servers, timeout_s)
+        _wait_http(f"{stack.clickhouse_url}/ping", timeout_s)
+    except Exception:
+        stack.stop()
+        raise
+    return stack
+
+
+def _kafka_env(host_port: int) -> dict[str, str]:
+    return {
+        "KAFKA_NODE_ID": "1",
+        "KAFKA_PROCESS_ROLES": "broker,controller",
+        "KAFKA_LISTENERS": "INTERNAL://:9092,HOST://:9094,CONTROLLER://:9093",
+        "KAFKA_ADVERTISED_LISTENERS": f"INTERNAL://localhost:9092,HOST://127.0.0.1:{host_port}",
+        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "INTERNAL:PLAINTEXT,HOST:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL",
+        "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+        "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+        "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+    }
+
+
+def _wait_kafka(bootstrap: str, timeout_s: float) -> None:
+    from kafka import KafkaAdminClient
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000).close()
+            return
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                raise AgentstreamError(
+                    f"Kafka at {bootstrap} not ready after {timeout_s:.0f}s: {exc}"
+                ) from exc
+            time.sleep(1)
+
+
+def _wait_http(url: str, timeout_s: float) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=3):
+                return
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                raise AgentstreamError(
+                    f"ClickHouse at {url} not ready after {timeout_s:.0f}s: {exc}"
+                ) from exc
+            time.sleep(1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
