@@ -16,9 +16,10 @@ def register(sub) -> None:
     add_option(
         up,
         "--engine",
-        choices=["embedded", "external"],
+        choices=["embedded", "docker", "external"],
         default="embedded",
-        help="embedded: start the broker here; external: use --bootstrap-servers / --clickhouse-url as given",
+        help="embedded: our broker + chDB; docker: Kafka + ClickHouse containers via the Docker SDK; "
+        "external: use --bootstrap-servers / --clickhouse-url as given",
     )
 
     status = command_parser(sub, "status", "infra.stack_cli:status_command", "per-stage lag, throughput, DLQ")
