@@ -55,7 +55,7 @@ OFFSETS_FILE = "group_offsets.jsonl"
 PRODUCER_IDS_FILE = "producer_ids.json"
 PRODUCER_ID_BLOCK = 1000
 MAX_TOPIC_NAME = 249
-_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
 _COMPACT_MIN_LINES = 10_000
 
 OffsetKey = tuple[str, int]
@@ -111,7 +111,7 @@ def validate_topic_name(name: str) -> None:
         )
     if len(name) > MAX_TOPIC_NAME:
         raise InvalidTopicError(f"topic: name longer than {MAX_TOPIC_NAME} characters (got {len(name)})")
-    if not _LEGAL_TOPIC.match(name):
+    if not _LEGAL_TOPIC.fullmatch(name):
         raise InvalidTopicError(f"topic: name may only contain [a-zA-Z0-9._-] (got {name!r})")
 
 
