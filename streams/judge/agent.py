@@ -1,0 +1,108 @@
+"""The faust shell of the LLM judge: consume `agent.events`, publish to `reward.judge`.
+
+`register_judge_agents(app, config)` is the hook the worker's app factory calls when its role
+includes "judge". It adds two agents:
+
+- `judge` (stable name; consumer group, table and log name): takes batches of agent events with
+  `stream.take_events`, hands them to the pure-ish `JudgeProcessor` (which judges concurrently under
+  a semaphore), publishes the results, and only then moves on, so offsets are committed after the
+  scores are on the topic (at-least-once; deterministic event ids make replays idempotent).
+  Per-trajectory state lives in the faust table `judge-trajectories` (changelog-backed, so a
+  restarted worker keeps its batching and context state).
+- `judge-groups`: group mode needs every trajectory of a `group_id`, but `agent.events` is keyed by
+  trajectory id, so members of one group sit in different partitions. The `judge` agent forwards
+  each ended group-mode trajectory to an internal topic keyed by group id; this agent collects them
+  in the table `judge-groups` and scores a group in one call when it is complete (the expected
+  size is known) or has been quiet for `group_wait_s`.
+
+Undecodable input goes to the DLQ with its coordinates; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from streams.judge.config import JudgeConfig, resolve_config
+
+log = logging.getLogger(__name__)
+
+NAME = "judge"
+GROUPS_NAME = "judge-groups"
+
+
+def register_judge_agents(app, config: object | None = None):
+    """Add the judge agents to a faust app. Returns the `JudgeProcessor`, or None when the judge is
+    off (no API key) or no rules file selects anything.
+
+    `config`: a `JudgeConfig`, an object with a `.judge` attribute holding one, or None to read
+    `AGENTSTREAM_JUDGE_*` / `ANTHROPIC_API_KEY` from the environment.
+    """
+    cfg = resolve_config(config)
+    if not cfg.enabled:
+        log.warning("%s: no API key (ANTHROPIC_API_KEY); the LLM judge is off", NAME)
+        return None
+    from streams.judge.processor import JudgeProcessor
+
+    processor = JudgeProcessor.from_config(cfg)
+    if not processor.rules.rules:
+        log.warning("%s: no judge rules (AGENTSTREAM_JUDGE_RULES_PATH); nothing will be judged", NAME)
+    _add_agents(app, cfg, processor)
+    return processor
+
+
+def _add_agents(app, cfg: JudgeConfig, processor) -> None:
+    from schemas.topics import AGENT_EVENTS, REWARD_JUDGE, TOPICS
+
+    partitions = TOPICS[AGENT_EVENTS].partitions
+    source = app.topic(AGENT_EVENTS, value_serializer="raw", key_serializer="raw")
+    sink = app.topic(REWARD_JUDGE, value_serializer="raw", key_serializer="raw")
+    groups_topic = app.topic(
+        f"{app.conf.id}-{GROUPS_NAME}", value_serializer="raw", key_serializer="raw", partitions=partitions
+    )
+    processor.state = app.Table(
+        f"{NAME}-trajectories", default=None, partitions=partitions, value_serializer="json"
+    )
+    processor.groups = app.Table(GROUPS_NAME, default=None, partitions=partitions, value_serializer="json")
+
+    @app.agent(source, name=NAME)
+    async def judge(stream):
+        async for batch in stream.take_events(cfg.take_max, within=cfg.take_within_s):
+            result = await processor.process_records([_record(e) for e in batch])
+            await _publish(app, sink, groups_topic, result)
+
+    @app.agent(groups_topic, name=GROUPS_NAME)
+    async def judge_groups(stream):
+        async for batch in stream.take_events(cfg.take_max, within=cfg.take_within_s):
+            result = await processor.process_group_records([_record(e) for e in batch])
+            await _publish(app, sink, groups_topic, result)
+
+    @app.timer(interval=max(1.0, min(cfg.group_wait_s / 4, 30.0)), name=f"{GROUPS_NAME}-timeout")
+    async def judge_groups_timeout():
+        result = await processor.flush_quiet_groups()
+        await _publish(app, sink, groups_topic, result)
+
+
+def _record(event):
+    from streams.judge.processor import SourceRecord
+
+    message = event.message
+    return SourceRecord(
+        value=event.value,
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        key=event.key,
+    )
+
+
+async def _publish(app, sink, groups_topic, result) -> None:
+    from schemas.codec import encode, encode_key
+    from schemas.topics import DLQ
+
+    dlq = app.topic(DLQ, value_serializer="raw", key_serializer="raw")
+    for event in result.outputs:
+        await sink.send(key=encode_key(event), value=encode(event))
+    for group_id, payload in result.group_members:
+        await groups_topic.send(key=group_id.encode(), value=payload)
+    for letter in result.dead_letters:
+        await dlq.send(key=encode_key(letter), value=encode(letter))

@@ -1,0 +1,90 @@
+"""Judge settings: endpoint, model, concurrency, retries, circuit breaker, budget, prices, rule files.
+
+One `JudgeConfig` per process, read once in `main()` (or by the worker's app factory) and passed down.
+Environment: `AGENTSTREAM_JUDGE_<FIELD>`; the API key also comes from `ANTHROPIC_API_KEY`.
+Without an API key the judge is off (`enabled` is False) and no judge processor is registered.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "claude-sonnet-4-5"
+
+
+class ModelPrice(BaseModel):
+    """USD per million tokens."""
+
+    model_config = ConfigDict(frozen=True)
+
+    input_per_mtok: float = Field(ge=0.0)
+    output_per_mtok: float = Field(ge=0.0)
+
+
+# Public list prices (USD / Mtok) at the time of writing; override with AGENTSTREAM_JUDGE_PRICES (JSON).
+DEFAULT_PRICES: dict[str, ModelPrice] = {
+    "claude-opus-4-1": ModelPrice(input_per_mtok=15.0, output_per_mtok=75.0),
+    "claude-sonnet-4-5": ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0),
+    "claude-sonnet-4-20250514": ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0),
+    "claude-haiku-4-5": ModelPrice(input_per_mtok=1.0, output_per_mtok=5.0),
+    "claude-3-5-haiku-latest": ModelPrice(input_per_mtok=0.8, output_per_mtok=4.0),
+}
+
+
+class JudgeConfig(BaseSettings):
+    """Everything the judge processor needs besides the broker address."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENTSTREAM_JUDGE_", extra="ignore", frozen=True)
+
+    api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("AGENTSTREAM_JUDGE_API_KEY", "ANTHROPIC_API_KEY", "api_key")
+    )
+    base_url: str | None = Field(None, description="Messages-API endpoint; None = Anthropic's")
+    model: str = DEFAULT_MODEL
+    rules_path: Path | None = Field(None, description="judge rules file (YAML/JSON); None = judge nothing")
+    rubrics_path: Path | None = Field(None, description="rubric overrides per domain (YAML/JSON)")
+    max_tokens: int = Field(1024, ge=16)
+    temperature: float = Field(0.0, ge=0.0, le=1.0)
+    concurrency: int = Field(32, ge=1, description="judge calls in flight per worker")
+    timeout_s: float = Field(60.0, gt=0.0, description="per HTTP attempt")
+    max_attempts: int = Field(5, ge=1, description="attempts per call, first one included")
+    backoff_base_s: float = Field(0.5, ge=0.0)
+    backoff_max_s: float = Field(30.0, ge=0.0)
+    circuit_failures: int = Field(5, ge=1, description="consecutive failed calls that open the circuit")
+    circuit_reset_s: float = Field(30.0, ge=0.0, description="open circuit: wait before one trial call")
+    budget_usd_per_hour: float | None = Field(None, ge=0.0)
+    budget_usd_per_day: float | None = Field(None, ge=0.0)
+    prices: dict[str, ModelPrice] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
+    cache_entries: int = Field(100_000, ge=0, description="content-hash cache size (0 = off)")
+    take_max: int = Field(256, ge=1, description="events taken from the stream per batch")
+    take_within_s: float = Field(0.2, gt=0.0, description="max wait to fill a batch")
+    group_wait_s: float = Field(120.0, gt=0.0, description="group mode: judge after this quiet period")
+    observation_chars: int = Field(2000, ge=100, description="observation text shown per step")
+
+    @property
+    def enabled(self) -> bool:
+        return self.api_key is not None and bool(self.api_key.get_secret_value())
+
+    def price_for(self, model: str) -> ModelPrice | None:
+        """The price of a model; a dated id falls back to its undated family (longest prefix)."""
+        if model in self.prices:
+            return self.prices[model]
+        matches = [name for name in self.prices if model.startswith(name)]
+        return self.prices[max(matches, key=len)] if matches else None
+
+
+def resolve_config(config: object | None) -> JudgeConfig:
+    """A `JudgeConfig` from what a caller passes: one itself, an object with a `.judge` attribute
+    holding one, or None / anything else (read from the environment)."""
+    if isinstance(config, JudgeConfig):
+        return config
+    nested = getattr(config, "judge", None)
+    if isinstance(nested, JudgeConfig):
+        return nested
+    return JudgeConfig()
