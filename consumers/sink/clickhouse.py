@@ -1,0 +1,148 @@
+"""ClickHouseSink: buffered, columnar inserts through clickhouse-connect (chDB or a server alike).
+
+Retryable failures (the server or endpoint unreachable) are retried with exponential backoff for up to
+`max_retry_s`, then raised so the worker exits non-zero with its offsets uncommitted (no loss). A
+failed batch that is retried may have been partly written: ReplacingMergeTree deduplicates it. A
+batch refused for its data is re-tried row by row; rows refused on their own are returned as
+`Rejected` (the runner sends them to the DLQ). If every row of a table is refused by the server, the
+problem is the table, not the rows: that is raised, never dead-lettered.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+
+from consumers.sink.base import Rejected, Sink, Source
+from consumers.sink.rows import COLUMNS
+from infra.clickhouse import DATABASE
+
+log = logging.getLogger(__name__)
+
+
+class SinkUnavailable(Exception):
+    """ClickHouse stayed unreachable for longer than the retry budget."""
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Connection-level failures are worth retrying; data and schema errors are not."""
+    from clickhouse_connect.driver.exceptions import OperationalError
+
+    return isinstance(exc, OperationalError | ConnectionError | TimeoutError)
+
+
+def is_server_refusal(exc: BaseException) -> bool:
+    from clickhouse_connect.driver.exceptions import DatabaseError
+
+    return isinstance(exc, DatabaseError) and not is_retryable(exc)
+
+
+class ClickHouseSink(Sink):
+    """Buffers rows per table and inserts each table's rows as one columnar insert."""
+
+    def __init__(
+        self,
+        client,
+        *,
+        database: str = DATABASE,
+        max_retry_s: float = 300.0,
+        backoff_s: float = 0.2,
+    ):
+        self.client = client
+        self.database = database
+        self.max_retry_s = max_retry_s
+        self.backoff_s = backoff_s
+        self._rows: dict[str, list[tuple]] = defaultdict(list)
+        self._sources: dict[str, list[Source]] = defaultdict(list)
+        self._contexts: dict[str, object] = {}
+        self.rows_written = 0
+
+    @property
+    def pending(self) -> int:
+        return sum(len(rows) for rows in self._rows.values())
+
+    def add(self, table: str, row: tuple, source: Source) -> None:
+        self._rows[table].append(row)
+        self._sources[table].append(source)
+
+    def flush(self) -> list[Rejected]:
+        rejected: list[Rejected] = []
+        for table in list(self._rows):
+            rows, sources = self._rows[table], self._sources[table]
+            if rows:
+                rejected += self._write_table(table, rows, sources)
+            del self._rows[table], self._sources[table]
+        return rejected
+
+    def _write_table(self, table: str, rows: list[tuple], sources: list[Source]) -> list[Rejected]:
+        try:
+            self._insert_with_retry(table, rows)
+        except SinkUnavailable:
+            raise
+        except Exception as exc:
+            log.warning("insert into %s refused (%s); retrying %d rows one by one", table, exc, len(rows))
+            return self._write_one_by_one(table, rows, sources)
+        self.rows_written += len(rows)
+        return []
+
+    def _write_one_by_one(self, table: str, rows: list[tuple], sources: list[Source]) -> list[Rejected]:
+        rejected, refusals = [], []
+        for row, source in zip(rows, sources, strict=True):
+            try:
+                self._insert_with_retry(table, [row])
+                self.rows_written += 1
+            except SinkUnavailable:
+                raise
+            except Exception as exc:
+                refusals.append(exc)
+                rejected.append(
+                    Rejected(table, source, f"insert into {table} failed: {exc}", type(exc).__name__)
+                )
+        if refusals and len(refusals) == len(rows) and all(is_server_refusal(e) for e in refusals):
+            raise refusals[0]  # the table itself is broken: stop rather than dead-letter everything
+        for item in rejected:
+            log.error(
+                "unwritable row for %s topic=%s partition=%d offset=%d: %s",
+                table,
+                item.source.topic,
+                item.source.partition,
+                item.source.offset,
+                item.reason,
+            )
+        return rejected
+
+    def _insert_with_retry(self, table: str, rows: list[tuple]) -> None:
+        deadline = time.monotonic() + self.max_retry_s
+        delay = self.backoff_s
+        while True:
+            try:
+                self._insert(table, rows)
+                return
+            except Exception as exc:
+                if not is_retryable(exc):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise SinkUnavailable(
+                        f"ClickHouse unavailable for {self.max_retry_s:.0f}s: {exc}"
+                    ) from exc
+                log.warning("ClickHouse unavailable (%s); retrying %s insert in %.1fs", exc, table, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _insert(self, table: str, rows: list[tuple]) -> None:
+        context = self._contexts.get(table)
+        if context is None:
+            context = self.client.create_insert_context(
+                table=table, database=self.database, column_names=list(COLUMNS[table])
+            )
+            self._contexts[table] = context
+        context.data = rows
+        try:
+            self.client.insert(context=context)
+        except Exception:
+            self._contexts.pop(table, None)  # rebuild it: a failed insert can leave it half-used
+            raise
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,128 @@
+"""Connect to ClickHouse from a URL: the only thing that differs between embedded and at-scale runs.
+
+- `http://host:8123` (or https): a ClickHouse server, through `clickhouse_connect.get_client`.
+- `chdb:///abs/path`: embedded chDB through clickhouse-connect's own chDB backend. chDB locks its data
+  directory to one process, so the process that owns it (the sink, or `agentstream db serve`) also
+  serves it over a loopback ClickHouse-HTTP endpoint (`infra.clickhouse.endpoint`). `connect` looks
+  for that endpoint first and, when it is alive, returns an ordinary HTTP client to it. Callers get
+  the same clickhouse-connect `Client` (`query`, `insert`, `command`) either way.
+
+This module opens connections; it does not create tables (see `migrate`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from infra.clickhouse import ClickHouseError
+from infra.clickhouse.endpoint import Endpoint, endpoint_file
+
+log = logging.getLogger(__name__)
+
+
+def chdb_path(url: str) -> str | None:
+    """The data directory of a `chdb://` URL, or None for a server URL.
+
+    >>> chdb_path("chdb:///var/lib/agentstream/clickhouse")
+    '/var/lib/agentstream/clickhouse'
+    >>> chdb_path("http://localhost:8123") is None
+    True
+    """
+    parsed = urlparse(url)
+    if parsed.scheme != "chdb":
+        return None
+    path = unquote(parsed.netloc + parsed.path) if parsed.netloc else unquote(parsed.path)
+    if not path or path in ("memory", ":memory:"):
+        raise ClickHouseError(f"clickhouse_url {url!r}: an on-disk path is required, e.g. chdb:///abs/path")
+    return path
+
+
+def live_endpoint(path: str) -> str | None:
+    """The HTTP URL of the process serving chDB data `path`, if one is alive."""
+    file = endpoint_file(path)
+    try:
+        info = json.loads(file.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    if not _pid_alive(int(info.get("pid", 0))) or not _pings(info.get("url", "")):
+        return None
+    return info["url"]
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _pings(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/ping", timeout=timeout_s) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def connect(url: str, *, wait_s: float = 0.0, data_dir: object = None, **kwargs):
+    """A clickhouse-connect client for `url` (see module docstring). `wait_s` retries while an
+    embedded path is locked by a process that does not serve it yet (it is starting up).
+    `data_dir` is accepted for callers that hold one; the endpoint is found from the URL alone."""
+    import clickhouse_connect
+
+    path = chdb_path(url)
+    if path is None:
+        return _server_client(url, **kwargs)
+    deadline = time.monotonic() + wait_s
+    while True:
+        served = live_endpoint(path)
+        if served:
+            return clickhouse_connect.get_client(dsn=served, **kwargs)
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            return clickhouse_connect.get_client(dsn=f"chdb://{os.path.realpath(path)}", **kwargs)
+        except Exception as exc:  # chDB reports a lock held by another process as a generic error
+            if time.monotonic() >= deadline:
+                raise ClickHouseError(
+                    f"clickhouse_url {url!r}: cannot open the chDB data directory ({exc}); is another "
+                    "process using it without serving it (start it with `agentstream sink` or "
+                    "`agentstream db serve`)?"
+                ) from exc
+            time.sleep(0.2)
+
+
+def _server_client(url: str, **kwargs):
+    import clickhouse_connect
+
+    try:
+        return clickhouse_connect.get_client(dsn=url, **kwargs)
+    except Exception as exc:
+        raise ClickHouseError(f"clickhouse_url {url!r}: cannot connect ({exc})") from exc
+
+
+def open_and_serve(url: str, *, wait_s: float = 30.0, port: int = 0):
+    """Connect as the owner: for an embedded path nobody serves yet, open it and serve it over HTTP.
+
+    Returns `(client, endpoint_or_None)`; close the endpoint (if any) after the client.
+    """
+    path = chdb_path(url)
+    client = connect(url, wait_s=wait_s)
+    if path is None or not _is_chdb(client):
+        return client, None
+    endpoint = Endpoint(path, port=port).start()
+    return client, endpoint
+
+
+def _is_chdb(client) -> bool:
+    return type(client).__name__ == "ChdbClient"

@@ -1,0 +1,127 @@
+"""Handlers of the ClickHouse commands (parsers in infra/clickhouse/cli.py). Thin: connect, call, print."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import signal
+import threading
+
+from infra.clickhouse.client import chdb_path, connect
+from schemas.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def _client(args):
+    return connect(Settings.from_args(args).resolved_clickhouse_url, wait_s=5.0)
+
+
+def render(rows: list[dict], fmt: str) -> str:
+    """rows as a markdown table, CSV or JSON."""
+    if fmt == "json":
+        return json.dumps(rows, indent=2, default=str)
+    if fmt == "csv":
+        out = io.StringIO()
+        if rows:
+            writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        return out.getvalue().rstrip("\n")
+    from infra.bench.report import format_table
+
+    return format_table(rows)
+
+
+def migrate_cmd(args) -> int:
+    from infra.clickhouse.migrate import apply_events_ttl, migrate
+
+    client = _client(args)
+    try:
+        applied = migrate(client)
+        if args.events_ttl_days is not None:
+            apply_events_ttl(client, args.events_ttl_days)
+    finally:
+        client.close()
+    print(f"applied migrations: {', '.join(f'{v:04d}' for v in applied)}" if applied else "schema up to date")
+    return 0
+
+
+def serve_cmd(args) -> int:
+    from infra.clickhouse import ClickHouseError
+    from infra.clickhouse.client import open_and_serve
+    from infra.clickhouse.migrate import migrate
+
+    url = Settings.from_args(args).resolved_clickhouse_url
+    if chdb_path(url) is None:
+        raise ClickHouseError(f"clickhouse_url {url!r}: only an embedded chdb:// path can be served")
+    client, endpoint = open_and_serve(url, port=args.port)
+    migrate(client)
+    if endpoint is None:
+        print(f"already served by another process; use {url}")
+        return 0
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"serving {url} at {endpoint.url} (clickhouse-connect / curl); Ctrl-C to stop", flush=True)
+    stop.wait()
+    endpoint.close()
+    client.close()
+    return 0
+
+
+def sql_cmd(args) -> int:
+    client = _client(args)
+    try:
+        result = client.query(args.query)
+        rows = [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
+    finally:
+        client.close()
+    if rows or args.format != "table":
+        print(render(rows, args.format))
+    return 0
+
+
+def leaderboard_cmd(args) -> int:
+    from infra.clickhouse.analytics import leaderboard_rows
+
+    client = _client(args)
+    try:
+        rows = leaderboard_rows(lambda sql: client.query(sql).result_rows, args.by, args.domain, args.since)
+    finally:
+        client.close()
+    print(render(rows, args.format))
+    if args.format == "table":
+        print(
+            "\nmean reward: 95% bootstrap CI (2000 resamples, fixed seed); p_vs_best_welch: Welch t-test "
+            "against the best row of the domain; p_holm: Holm-corrected; significant: p_holm < 0.05"
+        )
+    return 0
+
+
+def trajectory_cmd(args) -> int:
+    from infra.clickhouse import ClickHouseError
+    from infra.clickhouse.analytics import trajectory_sql, trajectory_steps
+
+    client = _client(args)
+    try:
+        results = {
+            name: client.query(sql).result_rows for name, sql in trajectory_sql(args.trajectory_id).items()
+        }
+        header = client.query(trajectory_sql(args.trajectory_id)["episode"])
+    finally:
+        client.close()
+    steps = trajectory_steps(results)
+    if not steps and not results["episode"]:
+        raise ClickHouseError(f"trajectory_id {args.trajectory_id!r}: no such trajectory in ClickHouse")
+    episode = dict(zip(header.column_names, results["episode"][0], strict=True)) if results["episode"] else {}
+    if args.format == "json":
+        print(json.dumps({"episode": episode, "steps": steps}, indent=2, default=str))
+        return 0
+    if args.format == "table":
+        print(" ".join(f"{k}={v}" for k, v in episode.items() if v is not None))
+        print()
+    print(render(steps, args.format))
+    return 0
