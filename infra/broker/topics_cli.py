@@ -84,26 +84,18 @@ def describe(args) -> int:
     admin = _admin(args)
     try:
         names = args.names or sorted(admin.list_topics())
-        described = {t["topic"]: t for t in admin.describe_topics(names)}
+        described = {t["name"]: t for t in admin.describe_topics(names)}
         for name in names:
             topic = described.get(name)
             if topic is None or topic.get("error_code"):
                 raise TopicAdminError(f"topic {name!r}: not found")
             resource = ConfigResource(ConfigResourceType.TOPIC, name)
-            configs = _config_values(admin.describe_configs([resource]))
+            configs = admin.describe_configs([resource], config_filter="all").get("topic", {}).get(name, {})
             print(f"{name}  partitions={len(topic['partitions'])}")
             for key in sorted(configs):
-                print(f"    {key}={configs[key]}")
+                source = configs[key].get("config_source", "")
+                marker = "" if source == "DEFAULT_CONFIG" else "  (override)"
+                print(f"    {key}={configs[key]['value']}{marker}")
     finally:
         admin.close()
     return 0
-
-
-def _config_values(responses) -> dict[str, str]:
-    values = {}
-    for response in responses if isinstance(responses, list) else [responses]:
-        data = response.to_dict() if hasattr(response, "to_dict") else response
-        for result in data.get("results", []):
-            for entry in result.get("configs", []):
-                values[entry["name"]] = entry["value"]
-    return values
