@@ -1,0 +1,210 @@
+"""GRPO / RLOO groups: per-trajectory (and optionally per-step) advantages over complete groups.
+
+- Advantages: `grpo` A_i = (r_i - mean) / (std + eps) (std unbiased as in TRL / AgentGym-RL, or
+  population as in ART; `scale_rewards=False` gives Dr. GRPO's r_i - mean), or `rloo`
+  A_i = r_i - mean_{j != i} r_j. A singleton group gets A = 0 (never the raw reward).
+- Step advantages from process rewards: `process_return` G_{i,s} = sum_{k>=s} gamma^(k-s) p_{i,k}
+  + gamma^(T_i-s) R_i, normalised over every step of the group; `mixed` (MT-GRPO)
+  A_{i,s} = A_i + lambda * z(p_{i,s}) with z taken within the group at the same step index.
+  A step without a process score contributes p = 0 (absent, not neutral).
+- Staleness: trajectories whose policy version lags the current one by more than `max_policy_lag`
+  are not admitted (`is_fresh`).
+- Horizon schedule (ScalingInter-RL): H(k) = horizon_steps[min(k // horizon_interval, len - 1)];
+  a row keeps its first H(k) steps (the advantage still comes from the whole trajectory's reward).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from consumers.trainer.builders.common import policy_number, reward_of
+from consumers.trainer.builders.sft import lineage
+from consumers.trainer.chat import (
+    DEFAULT_SYSTEM_PROMPT,
+    ordered_steps,
+    prompt_messages,
+    step_messages,
+    tool_schemas,
+)
+from schemas.events import TrajectoryScored
+
+
+@dataclass(frozen=True)
+class GRPOGroupConfig:
+    """Group formation and advantage estimation (TRL-style config)."""
+
+    group_size: int = 4
+    min_group_size: int = 2
+    timeout_s: float = 300.0
+    estimator: Literal["grpo", "rloo"] = "grpo"
+    scale_rewards: bool = True
+    std: Literal["unbiased", "population"] = "unbiased"
+    eps: float = 1e-6
+    drop_zero_std: bool = False
+    """Emit no rows for a group whose rewards are all equal (its advantages are all 0)."""
+    step_advantage: Literal["none", "process_return", "mixed"] = "none"
+    gamma: float = 1.0
+    step_weight: float = 0.5
+    """lambda of the `mixed` step advantage."""
+    max_policy_lag: int | None = None
+    horizon_steps: tuple[int, ...] = ()
+    horizon_interval: int = 100
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    include_tools: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _std(values: list[float], unbiased: bool) -> float:
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1 if unbiased else n))
+
+
+def group_advantages(rewards: list[float], config: GRPOGroupConfig | None = None) -> list[float]:
+    """Per-trajectory advantages of one group.
+
+    >>> [round(a, 4) for a in group_advantages([1.0, 0.0, 0.5])]
+    [1.0, -1.0, 0.0]
+    >>> group_advantages([1.0, 0.0, 0.5], GRPOGroupConfig(estimator="rloo"))
+    [0.75, -0.75, 0.0]
+    """
+    config = config or GRPOGroupConfig()
+    n = len(rewards)
+    if n < 2:
+        return [0.0] * n
+    mean = sum(rewards) / n
+    if config.estimator == "rloo":
+        total = sum(rewards)
+        return [r - (total - r) / (n - 1) for r in rewards]
+    if not config.scale_rewards:
+        return [r - mean for r in rewards]
+    std = _std(rewards, config.std == "unbiased")
+    return [(r - mean) / (std + config.eps) for r in rewards]
+
+
+def _zscore(values: list[float], config: GRPOGroupConfig) -> list[float]:
+    if len(values) < 2:
+        return [0.0] * len(values)
+    mean = sum(values) / len(values)
+    std = _std(values, config.std == "unbiased")
+    return [(v - mean) / (std + config.eps) for v in values]
+
+
+def process_returns(process: list[float | None], outcome: float, gamma: float) -> list[float]:
+    """G_s = sum_{k>=s} gamma^(k-s) p_k + gamma^(T-s) R, for one trajectory.
+
+    >>> process_returns([0.5, None, 1.0], 1.0, 1.0)
+    [2.5, 2.0, 2.0]
+    """
+    out, running = [], outcome
+    for p in reversed(process):
+        running = (p or 0.0) + gamma * running
+        out.append(running)
+    return list(reversed(out))
+
+
+def step_advantages(
+    group: list[TrajectoryScored], advantages: list[float], config: GRPOGroupConfig
+) -> list[list[float]] | None:
+    """Per-step advantages for each trajectory of the group, or None when not configured."""
+    if config.step_advantage == "none":
+        return None
+    process = [[s.process_score for s in ordered_steps(t)] for t in group]
+    if config.step_advantage == "process_return":
+        returns = [
+            process_returns(p, reward_of(t) or 0.0, config.gamma) for p, t in zip(process, group, strict=True)
+        ]
+        flat = _zscore([g for row in returns for g in row], config)
+        out, i = [], 0
+        for row in returns:
+            out.append(flat[i : i + len(row)])
+            i += len(row)
+        return out
+    depth = max((len(p) for p in process), default=0)
+    by_index = [_zscore([p[s] or 0.0 for p in process if s < len(p)], config) for s in range(depth)]
+    out = []
+    for i, p in enumerate(process):
+        position = [sum(1 for q in process[:i] if s < len(q)) for s in range(len(p))]
+        out.append([advantages[i] + config.step_weight * by_index[s][position[s]] for s in range(len(p))])
+    return out
+
+
+def horizon_cap(training_step: int, config: GRPOGroupConfig) -> int | None:
+    """Max steps per trajectory at this training step (None: no schedule).
+
+    >>> horizon_cap(170, GRPOGroupConfig(horizon_steps=(8, 12, 15), horizon_interval=80))
+    15
+    """
+    if not config.horizon_steps:
+        return None
+    stage = min(training_step // max(1, config.horizon_interval), len(config.horizon_steps) - 1)
+    return config.horizon_steps[stage]
+
+
+def is_fresh(trajectory: TrajectoryScored, current_policy: str | None, config: GRPOGroupConfig) -> bool:
+    """False when the trajectory's policy version lags `current_policy` by more than the limit."""
+    if config.max_policy_lag is None:
+        return True
+    have, now = policy_number(trajectory.policy_version), policy_number(current_policy)
+    if have is None or now is None:
+        return True  # versions without a number cannot be compared; admit rather than guess
+    return now - have <= config.max_policy_lag
+
+
+class GRPOGroupBuilder:
+    """Rows of one group: one per trajectory, with its advantage."""
+
+    def __init__(self, config: GRPOGroupConfig | None = None):
+        self.config = config or GRPOGroupConfig()
+
+    def eligible(self, trajectory: TrajectoryScored, current_policy: str | None = None) -> bool:
+        return (
+            bool(trajectory.steps)
+            and reward_of(trajectory) is not None
+            and is_fresh(trajectory, current_policy, self.config)
+        )
+
+    def build(
+        self, group: list[TrajectoryScored], *, complete: bool = True, training_step: int = 0
+    ) -> list[dict[str, Any]]:
+        group = sorted(group, key=lambda t: t.trajectory_id)
+        rewards = [reward_of(t) or 0.0 for t in group]
+        if self.config.drop_zero_std and len(set(rewards)) <= 1:
+            return []
+        advantages = group_advantages(rewards, self.config)
+        steps_adv = step_advantages(group, advantages, self.config)
+        cap = horizon_cap(training_step, self.config)
+        return [
+            self._row(
+                t, rewards[i], advantages[i], steps_adv[i] if steps_adv else None, cap, len(group), complete
+            )
+            for i, t in enumerate(group)
+        ]
+
+    def _row(self, t: TrajectoryScored, reward, advantage, step_adv, cap, size, complete) -> dict[str, Any]:
+        steps = ordered_steps(t)
+        kept = steps[:cap] if cap is not None else steps
+        row: dict[str, Any] = {
+            "prompt": prompt_messages(t, self.config.system_prompt),
+            "completion": [m for s in kept for m in step_messages(s)],
+        }
+        if self.config.include_tools:
+            row["tools"] = tool_schemas([t])
+        row |= lineage(t) | {
+            "group_id": t.group_id or "",
+            "group_size": size,
+            "group_complete": complete,
+            "advantage": advantage,
+            "step_advantages": step_adv[: len(kept)] if step_adv is not None else None,
+            "horizon_truncated": len(kept) < len(steps),
+        }
+        if all(s.token_ids is not None for s in kept):
+            row["step_token_ids"] = [s.token_ids for s in kept]
+            row["step_logprobs"] = [s.logprobs for s in kept] if all(s.logprobs for s in kept) else None
+        return row

@@ -1,0 +1,105 @@
+"""A tiny causal LM built locally: a byte-level BPE tokenizer trained on the spot and a 2-layer
+Qwen2 model from a config. No downloads. Used by tests, benchmarks and `--base-model tiny`.
+
+The chat template is ChatML with `{% generation %}` markers (so TRL's assistant-only loss works)
+and renders OpenAI `tool_calls` and `tool` turns.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+
+CHAT_TEMPLATE = (
+    # transformers renders with trim_blocks: a newline right after a block tag is dropped, so
+    # newlines that follow tags are written as {{ '\n' }} (a jinja string).
+    "{% if tools %}<|im_start|>system\n# Tools\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}<|im_start|>assistant\n"
+    "{% generation %}{{ message['content'] or '' }}"
+    "{% if message.get('tool_calls') %}{% for call in message['tool_calls'] %}"
+    "{{ '\\n' }}<tool_call>{\"name\": \"{{ call['function']['name'] }}\", \"arguments\": "
+    "{% if call['function']['arguments'] is string %}{{ call['function']['arguments'] }}"
+    "{% else %}{{ call['function']['arguments'] | tojson }}{% endif %}}</tool_call>"
+    "{% endfor %}{% endif %}<|im_end|>{% endgeneration %}{{ '\\n' }}"
+    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] or '' }}<|im_end|>{{ '\\n' }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant{{ '\\n' }}{% endif %}"
+)
+
+BASE_CORPUS = [
+    "You are an agent. Think, then call one tool per turn; observations come back as tool turns.",
+    "Solve the task. List the files, read the file, run the tests, fix the bug, write the answer.",
+    '<tool_call>{"name": "bash", "arguments": {"cmd": "ls -la"}}</tool_call>',
+    "Traceback (most recent call last): File main.py, line 3, in <module> AssertionError exit code 1",
+    "def add(a, b):\n    return a + b\n\nassert add(1, 2) == 3\nprint('ok')",
+    "The quick brown fox jumps over the lazy dog. 0123456789 {}[]()<>:;,.!?'\"/\\|-_=+*&^%$#@~`",
+]
+
+
+def train_tokenizer(corpus: list[str] | None = None, vocab_size: int = 512) -> Any:
+    """A byte-level BPE `PreTrainedTokenizerFast` trained on `corpus` (+ a small built-in corpus)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([*BASE_CORPUS, *(corpus or [])] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_model(tokenizer: Any, hidden_size: int = 64, layers: int = 2, seed: int = 0) -> Any:
+    """A randomly initialised Qwen2 causal LM sized for `tokenizer` (fp32)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def tiny_model_dir(data_dir: Path, corpus: list[str] | None = None, **model_kw: Any) -> Path:
+    """Build (once) and save the tiny model + tokenizer under `data_dir/models/tiny`; returns the path."""
+    path = Path(data_dir) / "models" / "tiny"
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+        return path
+    tokenizer = train_tokenizer(corpus)
+    model = build_model(tokenizer, **model_kw)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    log.info("built tiny model at %s (vocab %d)", path, len(tokenizer))
+    return path
