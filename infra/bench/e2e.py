@@ -1,13 +1,192 @@
-"""`agentstream bench e2e` (not implemented yet; the owning issue replaces this stub)."""
+"""`agentstream bench e2e`: sustained load from simulated agents through every stage of a real embedded
+stack (broker, stream worker, sink, trainer as supervised processes), then end-to-end latencies from
+step publish to (a) its rule reward in ClickHouse, (b) its trajectory in ClickHouse, (c) its presence
+in a training batch, as p50/p95/p99, per offered rate; plus per-stage throughput and a PNG plot.
+
+Timestamps: a step's publish time is its `occurred_at` (set by the SDK when `step()` is called);
+"in ClickHouse" is the sink's `ingested_at` of the derived event; "in a batch" is the `occurred_at` of
+the `batch.built` event listing the trajectory. All on one machine, so one clock.
+"""
 
 from __future__ import annotations
 
-from schemas.errors import AgentstreamError
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
 
 
 def add_arguments(parser) -> None:
-    """Options of this benchmark."""
+    parser.add_argument("--rates", default="1000", help="offered steps/s, comma-separated (one run each)")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of load per rate")
+    parser.add_argument("--processes", type=int, default=2, help="load-generating processes")
+    parser.add_argument("--drain-timeout", type=float, default=120.0, help="max seconds to wait for catch-up")
+    parser.add_argument("--plot", default="bench-results/e2e.png", help="latency distribution PNG")
+    parser.add_argument("--keep-data", action="store_true", help="keep the stack's data directory")
 
 
 def run(args) -> dict:
-    raise AgentstreamError("agentstream bench e2e is not implemented yet")
+    from infra.stack import StackConfig, Supervisor
+
+    data_dir = Path(tempfile.mkdtemp(prefix="agentstream-e2e-"))
+    port = _free_port()
+    config = StackConfig(
+        data_dir=data_dir,
+        bootstrap_servers=f"127.0.0.1:{port}",
+        clickhouse_url=f"chdb://{data_dir / 'clickhouse'}",
+        broker_port=port,
+    )
+    supervisor = Supervisor(config, on_event=lambda m: print(f"[e2e] {m}", flush=True))
+    supervisor.start()
+    levels, samples = [], {}
+    try:
+        _wait_for_clickhouse(config)
+        for rate in [float(r) for r in str(args.rates).split(",") if r.strip()]:
+            level, latencies = _run_level(config, supervisor, rate, args)
+            levels.append(level)
+            samples[f"{rate:.0f}"] = latencies
+    finally:
+        supervisor.stop()
+        if not args.keep_data:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    _plot(samples, args.plot)
+    return {"rows": levels, "plot": args.plot, "data_dir": str(data_dir) if args.keep_data else None}
+
+
+def _run_level(config, supervisor, rate: float, args) -> tuple[dict, dict]:
+    from infra.bench.load import LoadSpec, drive
+
+    label = f"r{int(rate)}-{int(time.time())}"
+    print(f"[e2e] offering {rate:.0f} steps/s for {args.duration:.0f}s ({label})", flush=True)
+    load = drive(
+        LoadSpec(
+            config.bootstrap_servers,
+            config.data_dir,
+            rate,
+            args.duration,
+            label=label,
+            processes=args.processes,
+        )
+    )
+    load_end = time.monotonic()
+    drained = _wait_drained(config, supervisor, label, load["episodes"], args.drain_timeout)
+    drain_s = time.monotonic() - load_end
+    latencies = _latencies(config, label)
+    achieved = load["steps"] / load["elapsed_s"]
+    row = {
+        "offered steps/s": rate,
+        "achieved steps/s": round(achieved, 1),
+        "steps": load["steps"],
+        "episodes": load["episodes"],
+        "drain s": round(drain_s, 1),
+        "all in CH": drained,
+    }
+    for name, values in latencies.items():
+        row.update(_percentiles(name, values))
+    row["sustained"] = drained and achieved >= 0.95 * rate and row.get("rule p99 ms", 1e9) < 2000
+    return row, latencies
+
+
+def _percentiles(name: str, values: list[float]) -> dict:
+    from infra.bench.report import percentile
+
+    return {f"{name} p{q} ms": round(percentile(values, q), 1) for q in (50, 95, 99)}
+
+
+def _query(config, sql: str) -> list[tuple]:
+    from infra.clickhouse.client import connect
+
+    client = connect(config.clickhouse_url, wait_s=30)
+    try:
+        return list(client.query(sql).result_rows)
+    finally:
+        client.close()
+
+
+def _wait_for_clickhouse(config, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _query(config, "SELECT count() FROM agentstream.events")
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _wait_drained(config, supervisor, label: str, episodes: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    sql = (
+        "SELECT uniqExact(trajectory_id) FROM agentstream.events "
+        f"WHERE type = 'trajectory.scored' AND startsWith(trajectory_id, '{label}-')"
+    )
+    while time.monotonic() < deadline:
+        supervisor.poll()
+        if _query(config, sql)[0][0] >= episodes:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _latencies(config, label: str) -> dict[str, list[float]]:
+    prefix = f"startsWith(s.trajectory_id, '{label}-')"
+    rule = _query(
+        config,
+        "SELECT toUnixTimestamp64Milli(min(r.ingested_at)) - toUnixTimestamp64Milli(any(s.occurred_at)) "
+        "FROM agentstream.events AS r INNER JOIN agentstream.events AS s "
+        "ON JSONExtractString(r.raw, 'source_event_id') = s.event_id "
+        f"WHERE r.type = 'reward.rule.step' AND s.type = 'step.recorded' AND {prefix} GROUP BY s.event_id",
+    )
+    trajectory = _query(
+        config,
+        "SELECT toUnixTimestamp64Milli(min(t.ingested_at)) - toUnixTimestamp64Milli(any(s.occurred_at)) "
+        "FROM agentstream.events AS t INNER JOIN agentstream.events AS s "
+        "ON t.trajectory_id = s.trajectory_id "
+        f"WHERE t.type = 'trajectory.scored' AND s.type = 'episode.ended' AND {prefix} "
+        "GROUP BY s.trajectory_id",
+    )
+    batch = _query(
+        config,
+        "SELECT toUnixTimestamp64Milli(min(b.occurred_at)) - toUnixTimestamp64Milli(any(s.occurred_at)) "
+        "FROM (SELECT occurred_at, arrayJoin(JSONExtract(raw, 'trajectory_ids', 'Array(String)')) AS tid "
+        "      FROM agentstream.events WHERE type = 'batch.built') AS b "
+        "INNER JOIN agentstream.events AS s ON b.tid = s.trajectory_id "
+        f"WHERE s.type = 'episode.ended' AND {prefix} GROUP BY s.trajectory_id",
+    )
+    return {
+        "rule": [float(r[0]) for r in rule],
+        "trajectory": [float(r[0]) for r in trajectory],
+        "batch": [float(r[0]) for r in batch],
+    }
+
+
+def _plot(samples: dict[str, dict[str, list[float]]], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, stage in zip(axes, ("rule", "trajectory", "batch"), strict=True):
+        for rate, latencies in samples.items():
+            values = sorted(latencies.get(stage, []))
+            if values:
+                ax.plot(values, [i / len(values) for i in range(len(values))], label=f"{rate} steps/s")
+        ax.set_title(f"publish → {stage} (ms)")
+        ax.set_xlabel("latency (ms)")
+        ax.set_ylabel("CDF")
+        ax.legend()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,111 @@
+"""Load generation for end-to-end runs: simulated agents (infra.demo.sim) recorded through the real SDK
+at an offered rate of steps per second, from several processes. Used by `bench e2e` and the fault tests.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.demo import sim
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    bootstrap_servers: str
+    data_dir: Path
+    steps_per_s: float
+    duration_s: float
+    label: str = "load"
+    observation_bytes: int = 2048
+    processes: int = 2
+    group_size: int = 4
+
+
+def drive(spec: LoadSpec) -> dict:
+    """Run the load in `spec.processes` processes; returns totals (steps and episodes acknowledged)."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(spec.processes) as pool:
+        results = pool.map(_drive_one, [(spec, i) for i in range(spec.processes)])
+    return {
+        "steps": sum(r["steps"] for r in results),
+        "episodes": sum(r["episodes"] for r in results),
+        "trajectory_ids": [t for r in results for t in r["trajectory_ids"]],
+        "elapsed_s": max(r["elapsed_s"] for r in results),
+        "delivered": all(r["delivered"] for r in results),
+    }
+
+
+def _drive_one(job: tuple[LoadSpec, int]) -> dict:
+    from producers.recorder import AgentRecorder
+
+    spec, worker = job
+    rate = spec.steps_per_s / spec.processes
+    padding = "." * spec.observation_bytes
+    recorders = {
+        p.model: AgentRecorder(
+            bootstrap_servers=spec.bootstrap_servers,
+            data_dir=spec.data_dir / f"load-{spec.label}-{worker}-{p.model}",
+            agent=p.agent,
+            model=p.model,
+            policy_version="v0",
+        )
+        for p in sim.POLICIES
+    }
+    steps = episodes = 0
+    trajectory_ids = []
+    start = time.monotonic()
+    round_ = 0
+    while time.monotonic() - start < spec.duration_s:
+        for task in sim.tasks(3):
+            for policy in sim.POLICIES:
+                group_id = f"{spec.label}-{worker}-{round_}-{task.task_id}-{policy.model}"
+                for r in range(spec.group_size):
+                    rollout = sim.play(task, policy, r + round_, group_id)
+                    tid = f"{group_id}-{r}"
+                    _record(recorders[policy.model], rollout, tid, spec.label, padding)
+                    trajectory_ids.append(tid)
+                    steps += len(rollout.steps)
+                    episodes += 1
+                    _pace(start, steps, rate)
+        round_ += 1
+    delivered = all(rec.flush(timeout=120) for rec in recorders.values())
+    for rec in recorders.values():
+        rec.close()
+    return {
+        "steps": steps,
+        "episodes": episodes,
+        "trajectory_ids": trajectory_ids,
+        "elapsed_s": time.monotonic() - start,
+        "delivered": delivered,
+    }
+
+
+def _record(recorder, rollout: sim.Rollout, trajectory_id: str, label: str, padding: str) -> None:
+    task = rollout.task
+    with recorder.episode(
+        task_id=f"{label}-{task.task_id}",
+        task=task.instruction,
+        domain=task.domain,
+        group_id=rollout.group_id,
+        trajectory_id=trajectory_id,
+        metadata={"load": label},
+    ) as episode:
+        for step in rollout.steps:
+            episode.step(
+                thought=step.thought,
+                tool=step.tool,
+                params=step.params,
+                observation=step.observation + "\n" + padding,
+                exit_code=step.exit_code,
+                error=step.error,
+            )
+        episode.end(success=rollout.success, score=rollout.score)
+
+
+def _pace(start: float, steps: int, rate: float) -> None:
+    ahead = steps / rate - (time.monotonic() - start)
+    if ahead > 0:
+        time.sleep(ahead)
