@@ -1,8 +1,10 @@
 """One partition's durable log: segment files of record batches, sparse index, recovery, retention.
 
-Owns the on-disk layout of a partition directory and the idempotent-producer state of that partition.
-It must not know about topics, groups or the network: the store (`infra.broker.store`) maps
-(topic, partition) to a `PartitionLog`, the protocol layer turns its results into Kafka responses.
+Owns the on-disk layout of a partition directory and the decisions over it: offset assignment,
+when to roll, flush, recover and delete segments. Byte-level segment work is in `infra.broker.segment`,
+the idempotent-producer rules in `infra.broker.producer_state`. It must not know about topics, groups
+or the network: the store (`infra.broker.store`) maps (topic, partition) to a `PartitionLog`, the
+protocol layer turns its results into Kafka responses.
 
 Layout of `<data>/<topic>-<partition>/`:
 
@@ -22,20 +24,15 @@ and truncated at the first torn or corrupt batch.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import struct
 import threading
 import time
-from array import array
 from bisect import bisect_left, bisect_right
-from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-from crc32c import crc32c
 
 from infra.broker.errors import (
     BrokerStorageError,
@@ -45,15 +42,21 @@ from infra.broker.errors import (
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
 )
-from infra.broker.records import (
-    CRC_START,
-    HEADER,
-    HEADER_SIZE,
-    LOG_OVERHEAD,
-    MAGIC,
-    MIN_BATCH_LENGTH,
-    iter_batches,
-    next_sequence,
+from infra.broker.producer_state import (
+    ProducerEntry,
+    check_sequence,
+    load_snapshot,
+    record_batch,
+    write_snapshot,
+)
+from infra.broker.records import LOG_OVERHEAD, iter_batches, next_sequence
+from infra.broker.segment import (
+    LOG_SUFFIX,
+    MAX_SEGMENT_BYTES,
+    BatchScan,
+    Segment,
+    fsync_dir,
+    write_file_atomic,
 )
 
 __all__ = [
@@ -63,24 +66,16 @@ __all__ = [
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "PartitionLog",
+    "fsync_dir",
+    "write_file_atomic",
 ]
 
 log = logging.getLogger(__name__)
 
-LOG_SUFFIX = ".log"
-INDEX_SUFFIX = ".index"
-SNAPSHOT_SUFFIX = ".snapshot"
 CLEAN_MARKER = ".clean_shutdown"
-INDEX_ENTRY = struct.Struct(">iiq")
-SCAN_CHUNK = 8 << 20
-PRODUCER_BATCHES_KEPT = 5  # Kafka keeps the last 5 batches per producer for duplicate detection
-SNAPSHOTS_KEPT = 2
-NO_TIMESTAMP = -1
-_LEN_AT_8 = struct.Struct(">i")
-_OFFSET_AND_LEN = struct.Struct(">qi")
-_DELTA_AT_23 = struct.Struct(">i")
 _BASE_OFFSET = struct.Struct(">q")
 _EPOCH_AT_12 = struct.Struct(">i")
+_fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
 def _now_ms() -> int:
@@ -104,8 +99,10 @@ class LogConfig:
     def __post_init__(self) -> None:
         if self.flush not in ("always", "interval"):
             raise InvalidConfigError(f"flush: must be 'always' or 'interval' (got {self.flush!r})")
-        if self.segment_bytes < 1:
-            raise InvalidConfigError(f"segment.bytes: must be positive (got {self.segment_bytes})")
+        if not 1 <= self.segment_bytes <= MAX_SEGMENT_BYTES:
+            raise InvalidConfigError(
+                f"segment.bytes: must be between 1 and {MAX_SEGMENT_BYTES} (got {self.segment_bytes})"
+            )
         if self.index_interval_bytes < 1:
             raise InvalidConfigError(
                 f"index.interval.bytes: must be positive (got {self.index_interval_bytes})"
@@ -162,295 +159,6 @@ class AppendResult:
     duplicate: bool
 
 
-# --- batch scanning --------------------------------------------------------------------------------
-
-
-class _ShortRead(Exception):
-    pass
-
-
-class _Scan:
-    """Walk batches in `fd` from byte `start` to `end`, stopping at the first invalid one.
-
-    Iterating yields `(position, header_tuple)` (fields as in `records.HEADER`). Afterwards
-    `valid_end` is the byte after the last good batch and `problem` says why it stopped early
-    (None when it reached `end` cleanly). Reads in large chunks so a full CRC scan runs near disk speed.
-    """
-
-    def __init__(self, fd: int, start: int, end: int, next_offset: int | None, verify_crc: bool):
-        self.fd, self.start, self.end = fd, start, end
-        self.next_offset, self.verify_crc = next_offset, verify_crc
-        self.valid_end = start
-        self.problem: str | None = None
-
-    def __iter__(self):
-        end, verify, unpack = self.end, self.verify_crc, HEADER.unpack_from
-        buf, buf_pos = b"", self.start  # buf holds file bytes [buf_pos, buf_pos + len(buf))
-        pos, expected = self.start, self.next_offset
-        while pos < end:
-            if end - pos < HEADER_SIZE:
-                self.problem = f"{end - pos} trailing bytes, shorter than a batch header"
-                return
-            try:
-                if pos + HEADER_SIZE > buf_pos + len(buf):
-                    buf, buf_pos = self._refill(buf, buf_pos, pos, HEADER_SIZE)
-            except _ShortRead as exc:
-                self.problem = str(exc)
-                return
-            rel = pos - buf_pos
-            fields = unpack(buf, rel)
-            size = LOG_OVERHEAD + fields[1]
-            problem = _header_problem(fields, expected, end - pos)
-            if problem:
-                self.problem = problem
-                return
-            if verify:
-                if pos + size > buf_pos + len(buf):
-                    try:
-                        buf, buf_pos = self._refill(buf, buf_pos, pos, size)
-                    except _ShortRead as exc:
-                        self.problem = str(exc)
-                        return
-                    rel = 0
-                if crc32c(memoryview(buf)[rel + CRC_START : rel + size]) != fields[4]:
-                    self.problem = f"crc mismatch in batch at offset {fields[0]}"
-                    return
-            yield pos, fields
-            expected = fields[0] + fields[6] + 1
-            pos += size
-            self.valid_end = pos
-
-    def _refill(self, buf: bytes, buf_pos: int, pos: int, need: int) -> tuple[bytes, int]:
-        keep = buf[pos - buf_pos :] if pos < buf_pos + len(buf) else b""
-        want = max(SCAN_CHUNK, need) - len(keep)
-        more = os.pread(self.fd, min(want, self.end - pos - len(keep)), pos + len(keep))
-        if len(keep) + len(more) < need:  # the file is shorter than the size we were told
-            raise _ShortRead(f"file ends at byte {pos + len(keep) + len(more)}")
-        return keep + more, pos
-
-
-def _header_problem(fields: tuple, expected: int | None, available: int) -> str | None:
-    if fields[3] != MAGIC:
-        return f"magic {fields[3]} at offset {fields[0]}"
-    if fields[1] < MIN_BATCH_LENGTH or LOG_OVERHEAD + fields[1] > available:
-        return f"batch length {fields[1]} at offset {fields[0]} with {available} bytes left"
-    if fields[6] < 0:
-        return f"negative lastOffsetDelta {fields[6]} at offset {fields[0]}"
-    if expected is not None and fields[0] != expected:
-        return f"base offset {fields[0]} where {expected} was expected"
-    return None
-
-
-# --- segments --------------------------------------------------------------------------------------
-
-
-class _Segment:
-    """One `.log` file plus its in-memory sparse index. Not thread-safe; PartitionLog locks."""
-
-    def __init__(self, directory: Path, base: int):
-        self.base = base
-        self.log_path = directory / f"{base:020d}{LOG_SUFFIX}"
-        self.index_path = directory / f"{base:020d}{INDEX_SUFFIX}"
-        self.fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        self.size = os.fstat(self.fd).st_size
-        self.next_offset = base
-        self.max_timestamp = NO_TIMESTAMP
-        self.idx_offset = array("q")  # absolute base offset of an indexed batch
-        self.idx_pos = array("q")  # its byte position
-        self.idx_ts = array("q")  # max timestamp of every batch before that position
-        self.since_index = 0
-
-    # index maintenance
-    def note_batch(self, pos: int, base_offset: int, last_offset: int, max_ts: int, size: int, every: int):
-        if self.since_index >= every:
-            self.idx_offset.append(base_offset)
-            self.idx_pos.append(pos)
-            self.idx_ts.append(self.max_timestamp)
-            self.since_index = 0
-        self.since_index += size
-        self.next_offset = last_offset + 1
-        if max_ts > self.max_timestamp:
-            self.max_timestamp = max_ts
-
-    def reset_index(self) -> None:
-        self.idx_offset, self.idx_pos, self.idx_ts = array("q"), array("q"), array("q")
-        self.since_index = 0
-        self.next_offset, self.max_timestamp = self.base, NO_TIMESTAMP
-
-    def write_index(self, sync: bool) -> None:
-        data = b"".join(
-            INDEX_ENTRY.pack(o - self.base, p, t)
-            for o, p, t in zip(self.idx_offset, self.idx_pos, self.idx_ts, strict=True)
-        )
-        write_file_atomic(self.index_path, data, sync)
-
-    def load_index(self) -> bool:
-        """Read the `.index` file; False when missing or inconsistent with the log file."""
-        try:
-            data = self.index_path.read_bytes()
-        except FileNotFoundError:
-            return False
-        if len(data) % INDEX_ENTRY.size:
-            return False
-        self.reset_index()
-        last_pos = -1
-        for rel, pos, ts in INDEX_ENTRY.iter_unpack(data):
-            if pos <= last_pos or pos >= self.size or rel < 0:
-                self.reset_index()
-                return False
-            self.idx_offset.append(self.base + rel)
-            self.idx_pos.append(pos)
-            self.idx_ts.append(ts)
-            last_pos = pos
-        if self.idx_ts:
-            self.max_timestamp = self.idx_ts[-1]
-        return True
-
-    def scan_from_last_index(self, verify_crc: bool) -> _Scan:
-        """A scan from the last indexed batch to the end of the file (index state updated by caller)."""
-        start = self.idx_pos[-1] if self.idx_pos else 0
-        expected = self.idx_offset[-1] if self.idx_offset else self.base
-        return _Scan(self.fd, start, self.size, expected, verify_crc)
-
-    def position_before(self, offset: int) -> tuple[int, int]:
-        """(byte position, base offset) of the last indexed batch starting at or before `offset`."""
-        i = bisect_right(self.idx_offset, offset) - 1
-        if i < 0:
-            return 0, self.base
-        return self.idx_pos[i], self.idx_offset[i]
-
-    def locate(self, offset: int) -> int:
-        """Byte position of the batch containing `offset` (which must lie in this segment)."""
-        pos, _ = self.position_before(offset)
-        while pos < self.size:
-            head = os.pread(self.fd, 27, pos)
-            base, length = _OFFSET_AND_LEN.unpack_from(head, 0)
-            if base + _DELTA_AT_23.unpack_from(head, 23)[0] >= offset:
-                return pos
-            pos += LOG_OVERHEAD + length
-        raise OffsetOutOfRangeError(f"offset {offset} not found in segment {self.log_path}")
-
-    def read_batches(self, pos: int, max_bytes: int) -> tuple[bytes, int]:
-        """Whole batches from `pos` up to `max_bytes` (at least one). Returns (data, next offset)."""
-        want = min(max(max_bytes, LOG_OVERHEAD), self.size - pos)
-        data = os.pread(self.fd, want, pos)
-        cut, next_offset = 0, None
-        while cut + LOG_OVERHEAD <= len(data):
-            base, length = _OFFSET_AND_LEN.unpack_from(data, cut)
-            if cut + LOG_OVERHEAD + length > len(data):
-                break
-            if cut + 27 <= len(data):
-                next_offset = base + _DELTA_AT_23.unpack_from(data, cut + 23)[0] + 1
-            cut += LOG_OVERHEAD + length
-        if cut == 0:  # the first batch alone exceeds max_bytes: Kafka returns it anyway
-            base, length = _OFFSET_AND_LEN.unpack_from(data, 0)
-            data = os.pread(self.fd, LOG_OVERHEAD + length, pos)
-            return data, base + _DELTA_AT_23.unpack_from(data, 23)[0] + 1
-        return (data if cut == len(data) else data[:cut]), next_offset
-
-    def timestamp_for_retention(self) -> int:
-        if self.max_timestamp >= 0:
-            return self.max_timestamp
-        return int(os.fstat(self.fd).st_mtime * 1000)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def remove_files(self) -> None:
-        self.close()
-        for path in (self.log_path, self.index_path):
-            path.unlink(missing_ok=True)
-
-
-def write_file_atomic(path: Path, data: bytes, sync: bool) -> None:
-    """Replace `path` atomically (tmp + fsync + rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        if sync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# --- idempotent producer state ---------------------------------------------------------------------
-
-
-class _ProducerEntry:
-    """Last epoch and up to 5 batches (base_seq, last_seq, base_offset, last_offset) of one producer id."""
-
-    __slots__ = ("batches", "epoch", "last_timestamp")
-
-    def __init__(self, epoch: int, batches=(), last_timestamp: int = NO_TIMESTAMP):
-        self.epoch = epoch
-        self.batches: deque[tuple[int, int, int, int]] = deque(batches, maxlen=PRODUCER_BATCHES_KEPT)
-        self.last_timestamp = last_timestamp
-
-    def copy(self) -> _ProducerEntry:
-        return _ProducerEntry(self.epoch, self.batches, self.last_timestamp)
-
-    def to_json(self) -> dict:
-        return {"epoch": self.epoch, "batches": [list(b) for b in self.batches], "ts": self.last_timestamp}
-
-    @classmethod
-    def from_json(cls, data: dict) -> _ProducerEntry:
-        return cls(data["epoch"], [tuple(b) for b in data["batches"]], data.get("ts", NO_TIMESTAMP))
-
-
-def check_sequence(
-    entry: _ProducerEntry | None, producer_id: int, epoch: int, base_seq: int, last_seq: int
-) -> tuple[int, int] | None:
-    """Validate one idempotent batch against its producer's state.
-
-    Returns the original (base_offset, last_offset) when it duplicates one of the retained batches,
-    None when it is the next batch in sequence. An unknown producer id is accepted at any sequence
-    (as Kafka does: its earlier batches may have been removed by retention).
-    """
-    if entry is None:
-        return None
-    if epoch < entry.epoch:
-        raise InvalidProducerEpochError(
-            f"producer_epoch: {epoch} is older than {entry.epoch} for producer id {producer_id}"
-        )
-    if epoch > entry.epoch:
-        if base_seq != 0:
-            raise OutOfOrderSequenceError(
-                f"base_sequence: {base_seq} for new epoch {epoch} of producer id {producer_id}, expected 0"
-            )
-        return None
-    for b_first, b_last, b_base, b_lastoff in entry.batches:
-        if b_first == base_seq and b_last == last_seq:
-            return b_base, b_lastoff
-    if not entry.batches:
-        return None
-    expected = next_sequence(entry.batches[-1][1])
-    if base_seq != expected:
-        raise OutOfOrderSequenceError(
-            f"base_sequence: {base_seq} for producer id {producer_id} epoch {epoch}, expected {expected}"
-        )
-    return None
-
-
-def _record_batch(
-    producers: dict[int, _ProducerEntry], pid: int, epoch: int, seqs: tuple[int, int, int, int], ts: int
-) -> None:
-    entry = producers.get(pid)
-    if entry is None or entry.epoch != epoch:
-        entry = producers[pid] = _ProducerEntry(epoch)
-    entry.batches.append(seqs)
-    entry.last_timestamp = max(entry.last_timestamp, ts)
-
-
 # --- the partition log -----------------------------------------------------------------------------
 
 
@@ -466,10 +174,10 @@ class PartitionLog:
         self.directory = Path(directory)
         self.config = config
         self._lock = threading.RLock()
-        self._segments: list[_Segment] = []
+        self._segments: list[Segment] = []
         self._bases: list[int] = []
-        self._producers: dict[int, _ProducerEntry] = {}
-        self._positions: dict[int, tuple[_Segment, int]] = {}  # next-fetch-offset -> (segment, byte)
+        self._producers: dict[int, ProducerEntry] = {}
+        self._positions: dict[int, tuple[Segment, int]] = {}  # next-fetch-offset -> (segment, byte)
         self._dirty = False
         self._last_flush_ms = _now_ms()
         self._closed = False
@@ -497,11 +205,12 @@ class PartitionLog:
     def _open(self) -> None:
         marker = self.directory / CLEAN_MARKER
         clean = marker.exists()
-        bases = sorted(int(p.name[: -len(LOG_SUFFIX)]) for p in self.directory.glob(f"*{LOG_SUFFIX}"))
+        names = (p.name[: -len(LOG_SUFFIX)] for p in self.directory.glob(f"*{LOG_SUFFIX}"))
+        bases = sorted(int(name) for name in names if name.isdigit())
         if not bases:
             bases = [0]
         for i, base in enumerate(bases):
-            seg = _Segment(self.directory, base)
+            seg = Segment(self.directory, base)
             self._segments.append(seg)
             self._bases.append(base)
             if i < len(bases) - 1:
@@ -513,7 +222,7 @@ class PartitionLog:
             marker.unlink()
             fsync_dir(self.directory)
 
-    def _load_sealed(self, seg: _Segment, next_base: int) -> None:
+    def _load_sealed(self, seg: Segment, next_base: int) -> None:
         if not seg.load_index():
             log.info("rebuilding index of %s", seg.log_path)
             self._rebuild_index(seg, verify_crc=False)
@@ -528,7 +237,7 @@ class PartitionLog:
                 next_base,
             )
 
-    def _load_active(self, seg: _Segment, clean: bool) -> None:
+    def _load_active(self, seg: Segment, clean: bool) -> None:
         if clean and seg.load_index():
             scan = seg.scan_from_last_index(verify_crc=False)
             self._index_tail(seg, scan, clean=True)
@@ -537,17 +246,17 @@ class PartitionLog:
             log.warning("clean-shutdown marker present but %s is inconsistent: full recovery", seg.log_path)
         self._rebuild_index(seg, verify_crc=True)
 
-    def _rebuild_index(self, seg: _Segment, verify_crc: bool) -> None:
+    def _rebuild_index(self, seg: Segment, verify_crc: bool) -> None:
         """Scan the whole segment; truncate it at the first torn or corrupt batch."""
         seg.reset_index()
-        scan = _Scan(seg.fd, 0, seg.size, seg.base, verify_crc)
+        scan = BatchScan(seg.fd, 0, seg.size, seg.base, verify_crc)
         every = self.config.index_interval_bytes
         for pos, f in scan:
             seg.note_batch(pos, f[0], f[0] + f[6], f[8], LOG_OVERHEAD + f[1], every)
         if scan.problem is not None:
             self._truncate(seg, scan.valid_end, scan.problem)
 
-    def _index_tail(self, seg: _Segment, scan: _Scan, clean: bool) -> None:
+    def _index_tail(self, seg: Segment, scan: BatchScan, clean: bool) -> None:
         """Continue the loaded index with the batches after its last entry (no new entries needed)."""
         every = self.config.index_interval_bytes
         seg.since_index = 0
@@ -556,7 +265,7 @@ class PartitionLog:
         if scan.problem is not None and not clean:
             self._truncate(seg, scan.valid_end, scan.problem)
 
-    def _truncate(self, seg: _Segment, valid_end: int, problem: str) -> None:
+    def _truncate(self, seg: Segment, valid_end: int, problem: str) -> None:
         log.warning(
             "truncating %s at byte %d of %d (%d bytes dropped): %s",
             seg.log_path,
@@ -572,47 +281,16 @@ class PartitionLog:
     # -- producer state
     def _rebuild_producers(self) -> None:
         hw = self.high_watermark
-        start = self._load_snapshot(hw)
+        start, self._producers = load_snapshot(self.directory, self.log_start_offset, hw)
         if start >= hw:
             return
         seg_index = max(0, bisect_right(self._bases, start) - 1)
         for seg in self._segments[seg_index:]:
             pos, first = seg.position_before(max(start, seg.base))
-            for _, f in _Scan(seg.fd, pos, seg.size, first, verify_crc=False):
+            for _, f in BatchScan(seg.fd, pos, seg.size, first, verify_crc=False):
                 if f[9] >= 0 and f[11] >= 0 and f[0] >= start:
                     seqs = (f[11], next_sequence(f[11], f[6]), f[0], f[0] + f[6])
-                    _record_batch(self._producers, f[9], f[10], seqs, f[8])
-
-    def _snapshot_paths(self) -> list[tuple[int, Path]]:
-        found = []
-        for p in self.directory.glob(f"*{SNAPSHOT_SUFFIX}"):
-            try:
-                found.append((int(p.name[: -len(SNAPSHOT_SUFFIX)]), p))
-            except ValueError:
-                continue
-        return sorted(found)
-
-    def _load_snapshot(self, hw: int) -> int:
-        """Load the newest usable producer snapshot; returns the offset it covers (log start if none)."""
-        for offset, path in reversed(self._snapshot_paths()):
-            if offset > hw or offset < self.log_start_offset:
-                path.unlink(missing_ok=True)  # stale: the log was truncated below it, or retained away
-                continue
-            try:
-                data = json.loads(path.read_bytes())
-                self._producers = {int(k): _ProducerEntry.from_json(v) for k, v in data["producers"].items()}
-                return offset
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("ignoring unreadable producer snapshot %s: %s", path, exc)
-        self._producers = {}
-        return self.log_start_offset
-
-    def _write_snapshot(self, offset: int) -> None:
-        data = {"offset": offset, "producers": {str(k): v.to_json() for k, v in self._producers.items()}}
-        path = self.directory / f"{offset:020d}{SNAPSHOT_SUFFIX}"
-        write_file_atomic(path, json.dumps(data, separators=(",", ":")).encode(), sync=True)
-        for _, old in self._snapshot_paths()[:-SNAPSHOTS_KEPT]:
-            old.unlink(missing_ok=True)
+                    record_batch(self._producers, f[9], f[10], seqs, f[8])
 
     # -- append
     def append(self, records: bytes | bytearray | memoryview) -> AppendResult:
@@ -631,7 +309,7 @@ class PartitionLog:
             raise InvalidRecordError("records: empty, expected at least one record batch")
         with self._lock:
             self._check_open()
-            pending: dict[int, _ProducerEntry] = {}
+            pending: dict[int, ProducerEntry] = {}
             offset = self.high_watermark
             for pid, epoch, base_seq, delta, _, _ in batches:
                 if pid >= 0 and base_seq >= 0:
@@ -641,12 +319,12 @@ class PartitionLog:
                     if dup is not None:
                         return AppendResult(dup[0], dup[1], -1, True)
                     if pid not in pending:
-                        pending[pid] = entry.copy() if entry is not None else _ProducerEntry(epoch)
-                    _record_batch(pending, pid, epoch, (base_seq, last_seq, offset, offset + delta), 0)
+                        pending[pid] = entry.copy() if entry is not None else ProducerEntry(epoch)
+                    record_batch(pending, pid, epoch, (base_seq, last_seq, offset, offset + delta), 0)
                 offset += delta + 1
             return self._write(records, batches, pending)
 
-    def _write(self, records, batches: list[tuple], pending: dict[int, _ProducerEntry]) -> AppendResult:
+    def _write(self, records, batches: list[tuple], pending: dict[int, ProducerEntry]) -> AppendResult:
         buf = bytearray(records)
         seg = self._segments[-1]
         if seg.size > 0 and seg.size + len(buf) > self.config.segment_bytes:
@@ -672,7 +350,7 @@ class PartitionLog:
         self._maybe_flush()
         return AppendResult(first, offset - 1, -1, False)
 
-    def _write_all(self, seg: _Segment, buf: bytearray) -> None:
+    def _write_all(self, seg: Segment, buf: bytearray) -> None:
         view, done = memoryview(buf), 0
         try:
             while done < len(buf):
@@ -681,12 +359,12 @@ class PartitionLog:
             os.ftruncate(seg.fd, seg.size)  # never leave half a batch behind a failed append
             raise BrokerStorageError(f"append to {seg.log_path} failed: {exc}") from exc
 
-    def _roll(self) -> _Segment:
+    def _roll(self) -> Segment:
         old = self._segments[-1]
         os.fsync(old.fd)
         old.write_index(sync=True)
-        self._write_snapshot(old.next_offset)
-        seg = _Segment(self.directory, old.next_offset)
+        write_snapshot(self.directory, self._producers, old.next_offset)
+        seg = Segment(self.directory, old.next_offset)
         seg.next_offset = old.next_offset
         self._segments.append(seg)
         self._bases.append(seg.base)
@@ -696,7 +374,7 @@ class PartitionLog:
 
     def _maybe_flush(self) -> None:
         if self.config.flush == "always":
-            os.fdatasync(self._segments[-1].fd)
+            _fdatasync(self._segments[-1].fd)
             self._dirty = False
         elif _now_ms() - self._last_flush_ms >= self.config.flush_interval_ms:
             self._flush_locked()
@@ -741,7 +419,7 @@ class PartitionLog:
                     continue
                 i = bisect_left(seg.idx_ts, timestamp_ms) - 1
                 pos, first = (seg.idx_pos[i], seg.idx_offset[i]) if i >= 0 else (0, seg.base)
-                for bpos, f in _Scan(seg.fd, pos, seg.size, first, verify_crc=False):
+                for bpos, f in BatchScan(seg.fd, pos, seg.size, first, verify_crc=False):
                     if f[8] >= timestamp_ms:
                         data = os.pread(seg.fd, LOG_OVERHEAD + f[1], bpos)
                         return _first_record_at(data, timestamp_ms, f[0], f[8])
@@ -785,7 +463,7 @@ class PartitionLog:
 
     def _flush_locked(self) -> None:
         if self._dirty:
-            os.fdatasync(self._segments[-1].fd)
+            _fdatasync(self._segments[-1].fd)
             self._dirty = False
         self._last_flush_ms = _now_ms()
 
@@ -797,7 +475,7 @@ class PartitionLog:
             active = self._segments[-1]
             os.fsync(active.fd)
             active.write_index(sync=True)
-            self._write_snapshot(self.high_watermark)
+            write_snapshot(self.directory, self._producers, self.high_watermark)
             (self.directory / CLEAN_MARKER).touch()
             fsync_dir(self.directory)
             self._close_fds()

@@ -33,7 +33,8 @@ from infra.broker.errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from infra.broker.log import LogConfig, PartitionLog, fsync_dir, write_file_atomic
+from infra.broker.log import LogConfig, PartitionLog
+from infra.broker.segment import fsync_dir, write_file_atomic
 
 __all__ = [
     "TOPIC_DEFAULTS",
