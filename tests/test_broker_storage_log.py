@@ -229,7 +229,7 @@ def test_retention_by_size_and_log_start_survives_reopen(tmp_path):
 def test_log_config_from_kafka_topic_config():
     base = LogConfig(flush="interval", flush_interval_ms=500)
     cfg = LogConfig.from_topic_config(
-        {"segment.bytes": "1024", "retention.ms": "-1", "retention.bytes": "10", "cleanup.policy": "compact"},
+        {"segment.bytes": "1024", "retention.ms": "-1", "retention.bytes": "10", "cleanup.policy": "delete"},
         base=base,
     )
     assert (cfg.segment_bytes, cfg.retention_ms, cfg.retention_bytes) == (1024, -1, 10)
@@ -237,6 +237,12 @@ def test_log_config_from_kafka_topic_config():
     assert LogConfig.from_topic_config({"flush.messages": "1"}, base=base).flush == "always"
     assert LogConfig.from_topic_config({"flush.ms": "200"}).flush_interval_ms == 200
     assert LogConfig.from_topic_config({"flush.ms": "200"}).flush == "interval"
+    compacted = LogConfig.from_topic_config({"cleanup.policy": "compact", "retention.ms": "1000"})
+    assert (compacted.retention_ms, compacted.retention_bytes) == (-1, -1), "no compaction: keep all"
+    windowed = LogConfig.from_topic_config({"cleanup.policy": "compact,delete", "retention.ms": "1000"})
+    assert windowed.retention_ms == 1000
+    with pytest.raises(InvalidConfigError, match=r"cleanup\.policy"):
+        LogConfig.from_topic_config({"cleanup.policy": "shred"})
     with pytest.raises(InvalidConfigError, match=r"retention\.ms: must be an integer"):
         LogConfig.from_topic_config({"retention.ms": "soon"})
 
@@ -262,3 +268,11 @@ def test_headers_of_read_data_are_valid_batches(tmp_path):
     fill(plog, 20)
     data = plog.read(0, 1 << 20)
     assert [h.base_offset for h, _ in iter_batches(data)] == list(range(0, 3 * len(base_offsets(data)), 3))
+
+
+def test_silent_producers_are_forgotten_and_then_accepted_as_new():
+    from infra.broker.producer_state import PRODUCER_EXPIRATION_MS, ProducerEntry, expire_producers
+
+    producers = {1: ProducerEntry(0, [(0, 0, 0, 0)], last_timestamp=1_000), 2: ProducerEntry(0, [], 10**13)}
+    assert expire_producers(producers, now_ms=1_000 + PRODUCER_EXPIRATION_MS + 1) == 1
+    assert list(producers) == [2]

@@ -144,3 +144,13 @@ def test_store_retention_moves_log_start(tmp_path):
     assert plog.log_start_offset > 0
     store = reopen(store, clean=True)
     assert store.log("r", 0).log_start_offset == plog.log_start_offset
+
+
+def test_compacted_topics_are_never_trimmed_by_retention(tmp_path):
+    store = BrokerStore(tmp_path, LogConfig(retention_ms=1))
+    store.create_topic("app-table-changelog", 1, {"cleanup.policy": "compact", "segment.bytes": "1024"})
+    plog = store.log("app-table-changelog", 0)
+    for _ in range(12):
+        plog.append(make_batch([b"state" * 60], timestamp_ms=1_000))
+    assert store.apply_retention(now_ms=10**13) == 0
+    assert plog.log_start_offset == 0 and len(read_all(plog)) == 12

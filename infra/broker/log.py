@@ -45,6 +45,7 @@ from infra.broker.errors import (
 from infra.broker.producer_state import (
     ProducerEntry,
     check_sequence,
+    expire_producers,
     load_snapshot,
     record_batch,
     write_snapshot,
@@ -113,13 +114,22 @@ class LogConfig:
         """Apply Kafka topic config keys over `base` (or the defaults).
 
         Keys read: segment.bytes, retention.ms, retention.bytes, index.interval.bytes, flush.messages,
-        flush.ms. flush.messages=1 or flush.ms=0 mean fsync on every append ("always"); any other
-        value of either means "interval" (flush.ms giving the interval). Other keys are ignored.
+        flush.ms, cleanup.policy. flush.messages=1 or flush.ms=0 mean fsync on every append
+        ("always"); any other value of either means "interval" (flush.ms giving the interval).
+        cleanup.policy=compact (without delete) keeps everything: this broker does not compact, and
+        deleting by time would lose table state that Kafka would have kept (faust changelogs).
 
         >>> LogConfig.from_topic_config({"retention.ms": "-1", "flush.messages": "1"}).retention_ms
         -1
+        >>> LogConfig.from_topic_config({"cleanup.policy": "compact"}).retention_ms
+        -1
         """
         cfg = replace(base) if base is not None else cls()
+        policies = {p.strip() for p in configs.get("cleanup.policy", "delete").split(",")}
+        if not policies <= {"delete", "compact"}:
+            raise InvalidConfigError(
+                f"cleanup.policy: must be delete, compact or both (got {configs['cleanup.policy']!r})"
+            )
         ints = {
             "segment.bytes": "segment_bytes",
             "retention.ms": "retention_ms",
@@ -137,6 +147,8 @@ class LogConfig:
             cfg.flush = "interval"
             if flush_ms is not None:
                 cfg.flush_interval_ms = flush_ms
+        if "delete" not in policies:
+            cfg.retention_ms, cfg.retention_bytes = -1, -1
         cfg.__post_init__()
         return cfg
 
@@ -284,13 +296,13 @@ class PartitionLog:
         start, self._producers = load_snapshot(self.directory, self.log_start_offset, hw)
         if start >= hw:
             return
-        seg_index = max(0, bisect_right(self._bases, start) - 1)
+        seg_index, now = max(0, bisect_right(self._bases, start) - 1), _now_ms()
         for seg in self._segments[seg_index:]:
             pos, first = seg.position_before(max(start, seg.base))
             for _, f in BatchScan(seg.fd, pos, seg.size, first, verify_crc=False):
                 if f[9] >= 0 and f[11] >= 0 and f[0] >= start:
                     seqs = (f[11], next_sequence(f[11], f[6]), f[0], f[0] + f[6])
-                    record_batch(self._producers, f[9], f[10], seqs, f[8])
+                    record_batch(self._producers, f[9], f[10], seqs, now)  # expiry counts from now
 
     # -- append
     def append(self, records: bytes | bytearray | memoryview) -> AppendResult:
@@ -363,6 +375,7 @@ class PartitionLog:
         old = self._segments[-1]
         os.fsync(old.fd)
         old.write_index(sync=True)
+        expire_producers(self._producers, _now_ms())
         write_snapshot(self.directory, self._producers, old.next_offset)
         seg = Segment(self.directory, old.next_offset)
         seg.next_offset = old.next_offset
@@ -475,6 +488,7 @@ class PartitionLog:
             active = self._segments[-1]
             os.fsync(active.fd)
             active.write_index(sync=True)
+            expire_producers(self._producers, _now_ms())
             write_snapshot(self.directory, self._producers, self.high_watermark)
             (self.directory / CLEAN_MARKER).touch()
             fsync_dir(self.directory)

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 PRODUCER_BATCHES_KEPT = 5  # Kafka keeps the last 5 batches per producer for duplicate detection
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOTS_KEPT = 2
+PRODUCER_EXPIRATION_MS = 7 * 24 * 3600 * 1000  # Kafka: producer.id.expiration.ms (1 day); we keep longer
 
 
 class ProducerEntry:
@@ -123,3 +124,13 @@ def write_snapshot(directory: Path, producers: dict[int, ProducerEntry], offset:
     write_file_atomic(path, json.dumps(data, separators=(",", ":")).encode(), sync=True)
     for _, old in _snapshot_paths(directory)[:-SNAPSHOTS_KEPT]:
         old.unlink(missing_ok=True)
+
+
+def expire_producers(producers: dict[int, ProducerEntry], now_ms: int) -> int:
+    """Forget producers silent for PRODUCER_EXPIRATION_MS (each client start gets a new id, so the map
+    would grow forever). A forgotten producer that comes back is accepted like an unknown one."""
+    cutoff = now_ms - PRODUCER_EXPIRATION_MS
+    stale = [pid for pid, entry in producers.items() if 0 <= entry.last_timestamp < cutoff]
+    for pid in stale:
+        del producers[pid]
+    return len(stale)
