@@ -1,0 +1,280 @@
+"""Delivery from the spool to Kafka (kafka-python): the I/O shell around `producers.spool`.
+
+`SpoolDelivery` sends spooled records in sequence order, one chunk at a time, and moves the spool's
+delivery cursor only after the broker acknowledged every record of the chunk (acks=all).
+
+Duplicate-free replay (the guarantee, precisely):
+  Before a chunk `[first, last]` is sent, the spool's cursor records an *intent*: the range and, for
+  every partition of the topics involved, a lower bound of its end offset (the end offsets observed
+  at start-up, raised by every acknowledgement since). Whatever part of the chunk the broker stores
+  therefore sits at or after those offsets. If the send fails, or the process dies (kill -9) before
+  the cursor moved past the chunk, the next attempt - in this process or the next one to open the
+  spool slot - reads each partition from its recorded offset to its current end, collects the
+  `event_id`s of records carrying the chunk's keys, and re-sends only the chunk's records whose id
+  is absent; the intent stays in place until that re-send is acknowledged, so a crash during
+  recovery is recovered the same way. Hence every spooled record is stored in the topic exactly once,
+  provided (a) one process at a time owns a spool slot (an flock enforces it), (b) the broker does
+  not lose records it acknowledged, and (c) event ids are unique per event (the SDK derives them from
+  the trajectory id and the step index). Order per trajectory: chunks are sent in sequence order and
+  a trajectory's records share one partition; kafka-python's idempotent producer keeps order within
+  a partition. Only a record that failed while a *later* record of the same partition was stored, in
+  the same chunk, can be re-sent after that later one; the steps keep their `step_index`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+
+from producers.errors import ProducerError
+from producers.spool import Cursor, DeliveryIntent, Spool, SpoolRecord
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryFailed(ProducerError):
+    """A chunk was not acknowledged in time; its records stay in the spool for a later attempt."""
+
+
+@dataclass(frozen=True)
+class DeliveryConfig:
+    """How the spool talks to Kafka. Producer settings: acks=all, idempotence on (kafka-python's
+    default), `linger_ms` for batching."""
+
+    bootstrap_servers: str
+    client_id: str = "agentstream-sdk"
+    linger_ms: int = 5
+    chunk_records: int = 2000
+    chunk_bytes: int = 8 * 1024 * 1024
+    request_timeout_ms: int = 10_000
+    delivery_timeout_ms: int = 30_000
+    connect_timeout_ms: int = 3_000
+    retry_backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
+    create_topics: bool = True
+
+
+class SpoolDelivery:
+    """Delivers one spool to Kafka. Used from one thread (the recorder's delivery thread, or the
+    `agentstream spool flush` command)."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        config: DeliveryConfig,
+        on_delivered: Callable[[list[SpoolRecord]], None] | None = None,
+    ):
+        self.spool = spool
+        self.config = config
+        self.on_delivered = on_delivered
+        self._producer = None
+        self._consumer = None
+        self._bounds: dict[str, dict[int, int]] = {}
+        self._topics_ready: set[str] = set()
+
+    # --- one step ---------------------------------------------------------------------------------
+
+    def deliver_once(self) -> int:
+        """Deliver the next chunk (or finish an in-doubt one). Returns how many records the broker
+        acknowledged; 0 when the spool is drained. Raises on failure (nothing is lost: retry later)."""
+        intent = self.spool.cursor.intent
+        if intent is not None:
+            return self._recover(intent)
+        start = self.spool.cursor.delivered
+        chunk = self.spool.read(start, self.config.chunk_records, self.config.chunk_bytes)
+        if not chunk:
+            return 0
+        self._get_producer()  # fails fast (connect_timeout_ms) while the broker is unreachable
+        offsets = self._lower_bounds({r.topic for r in chunk})
+        self.spool.commit(Cursor(start, DeliveryIntent(chunk[0].seq, chunk[-1].seq, offsets)))
+        self._send(chunk)
+        self.spool.commit(Cursor(chunk[-1].seq + 1, None))
+        self._notify(chunk)
+        return len(chunk)
+
+    def _recover(self, intent: DeliveryIntent) -> int:
+        """Re-send the records of an in-doubt chunk that the topic does not hold yet."""
+        size = intent.last - intent.first + 1
+        self._get_producer()
+        chunk = self.spool.read(intent.first, size, max_bytes=1 << 62)
+        present = self._event_ids_since(intent.offsets, {r.key for r in chunk})
+        missing = [r for r in chunk if r.event_id not in present]
+        log.info(
+            "spool %s: recovering in-doubt records %d..%d: %d already in the topic, re-sending %d",
+            self.spool.directory, intent.first, intent.last, len(chunk) - len(missing), len(missing),
+        )  # fmt: skip
+        self._send(missing)
+        self.spool.commit(Cursor(intent.last + 1, None))
+        self._notify(chunk)
+        return len(chunk)
+
+    def _notify(self, chunk: list[SpoolRecord]) -> None:
+        if self.on_delivered is not None:
+            self.on_delivered(chunk)
+
+    # --- Kafka I/O --------------------------------------------------------------------------------
+
+    def _send(self, records: list[SpoolRecord]) -> None:
+        if not records:
+            return
+        producer = self._get_producer()
+        self._ensure_topics({r.topic for r in records})
+        futures = [producer.send(r.topic, key=r.key, value=r.value) for r in records]
+        producer.flush(timeout=self.config.delivery_timeout_ms / 1000)
+        for record, future in zip(records, futures, strict=True):
+            if not future.is_done:
+                raise DeliveryFailed(f"no acknowledgement for event {record.event_id} (seq {record.seq})")
+            if future.failed():
+                raise DeliveryFailed(
+                    f"send of event {record.event_id} (seq {record.seq}) to {record.topic} failed: "
+                    f"{future.exception!r}"
+                )
+            metadata = future.value
+            bounds = self._bounds.setdefault(metadata.topic, {})
+            bounds[metadata.partition] = max(bounds.get(metadata.partition, 0), metadata.offset + 1)
+
+    def _lower_bounds(self, topics: set[str]) -> dict[str, dict[int, int]]:
+        """A lower bound of each partition's end offset for `topics` (queried once, then raised by
+        every acknowledgement)."""
+        missing = [t for t in topics if t not in self._bounds]
+        if missing:
+            self._ensure_topics(set(missing))
+            consumer = self._get_consumer()
+            from kafka import TopicPartition
+
+            for topic in missing:
+                partitions = consumer.partitions_for_topic(topic) or set()
+                if not partitions:
+                    raise DeliveryFailed(f"topic {topic!r} has no partitions (does it exist?)")
+                ends = consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+                current = self._bounds.get(topic, {})
+                self._bounds[topic] = {
+                    tp.partition: max(o, current.get(tp.partition, 0)) for tp, o in ends.items()
+                }
+        return {t: dict(self._bounds[t]) for t in topics}
+
+    def _event_ids_since(self, offsets: dict[str, dict[int, int]], keys: set[bytes]) -> set[str]:
+        """The event ids of records with one of `keys` stored at or after `offsets`."""
+        from kafka import TopicPartition
+
+        consumer = self._get_consumer()
+        partitions = [TopicPartition(t, p) for t, parts in offsets.items() for p in parts]
+        if not partitions:
+            return set()
+        ends = consumer.end_offsets(partitions)
+        consumer.assign(partitions)
+        for tp in partitions:
+            consumer.seek(tp, offsets[tp.topic][tp.partition])
+        found: set[str] = set()
+        deadline = time.monotonic() + self.config.delivery_timeout_ms / 1000
+        while any(consumer.position(tp) < ends[tp] for tp in partitions):
+            if time.monotonic() > deadline:
+                raise DeliveryFailed(f"timed out reading back {partitions} to check for in-doubt events")
+            for batch in consumer.poll(timeout_ms=200, max_records=5000).values():
+                found.update(_event_id(r.value) for r in batch if r.key in keys)
+        consumer.assign([])
+        return found
+
+    def _ensure_topics(self, topics: set[str]) -> None:
+        todo = topics - self._topics_ready
+        if not todo:
+            return
+        if self.config.create_topics:
+            from infra.kafka_clients import ensure_topics
+            from schemas.topics import TOPICS
+
+            specs = [TOPICS[t] for t in todo if t in TOPICS]
+            ensure_topics(
+                self.config.bootstrap_servers, specs, timeout_s=self.config.connect_timeout_ms / 1000
+            )
+        self._topics_ready |= todo
+
+    def _get_producer(self):
+        if self._producer is None:
+            from kafka import KafkaProducer
+
+            cfg = self.config
+            self._producer = KafkaProducer(
+                bootstrap_servers=cfg.bootstrap_servers,
+                client_id=cfg.client_id,
+                acks="all",
+                linger_ms=cfg.linger_ms,
+                batch_size=256 * 1024,
+                request_timeout_ms=cfg.request_timeout_ms,
+                delivery_timeout_ms=cfg.delivery_timeout_ms,
+                bootstrap_timeout_ms=cfg.connect_timeout_ms,
+                max_block_ms=cfg.request_timeout_ms,
+                max_request_size=16 * 1024 * 1024,
+                reconnect_backoff_max_ms=1000,
+            )
+        return self._producer
+
+    def _get_consumer(self):
+        if self._consumer is None:
+            from kafka import KafkaConsumer
+
+            self._consumer = KafkaConsumer(
+                bootstrap_servers=self.config.bootstrap_servers,
+                client_id=self.config.client_id + "-readback",
+                enable_auto_commit=False,
+                group_id=None,
+                request_timeout_ms=self.config.request_timeout_ms + 1000,
+                bootstrap_timeout_ms=self.config.connect_timeout_ms,
+                reconnect_backoff_max_ms=1000,
+            )
+        return self._consumer
+
+    def reset(self) -> None:
+        """Drop the clients after a failure; the next attempt reconnects."""
+        producer, consumer = self._producer, self._consumer
+        self._producer = self._consumer = None
+        self._topics_ready.clear()
+        for client in (producer, consumer):
+            if client is not None:
+                try:
+                    client.close(timeout=0) if client is producer else client.close()
+                except Exception:  # closing a broken client must not mask the original failure
+                    log.debug("error closing a kafka client", exc_info=True)
+
+    close = reset
+
+    # --- loops ------------------------------------------------------------------------------------
+
+    def drain(self, timeout_s: float, stop: threading.Event | None = None) -> bool:
+        """Deliver until the spool is empty (True) or `timeout_s` passed / `stop` was set (False)."""
+        deadline = time.monotonic() + timeout_s
+        backoff = self.config.retry_backoff_s
+        while self.spool.pending > 0:
+            if time.monotonic() > deadline or (stop is not None and stop.is_set()):
+                return False
+            try:
+                self.deliver_once()
+                backoff = self.config.retry_backoff_s
+            except Exception as exc:
+                backoff = self._after_failure(exc, backoff, deadline - time.monotonic(), stop)
+        return True
+
+    def _after_failure(self, exc: BaseException, backoff: float, left_s: float, stop) -> float:
+        log.warning(
+            "spool %s: delivery to %s failed, %d events kept in the spool, retrying in %.1fs: %s",
+            self.spool.directory, self.config.bootstrap_servers, self.spool.pending, backoff, exc,
+        )  # fmt: skip
+        self.reset()
+        pause = max(0.0, min(backoff, left_s))
+        if stop is not None:
+            stop.wait(pause)
+        else:
+            time.sleep(pause)
+        return min(backoff * 2, self.config.max_backoff_s)
+
+
+def _event_id(value: bytes | None) -> str | None:
+    try:
+        return orjson.loads(value).get("event_id")
+    except (orjson.JSONDecodeError, AttributeError, TypeError):
+        return None

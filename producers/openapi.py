@@ -1,0 +1,132 @@
+"""The gateway's OpenAPI 3.1 document, built from the event JSON Schemas (`schemas/export.py`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from producers.gateway import ACCEPTED_TYPES, POLICY, GatewayConfig
+from schemas.events import SCHEMA_VERSION
+from schemas.export import json_schema
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _error_schemas() -> dict[str, Any]:
+    field_error = {
+        "type": "object",
+        "required": ["index", "field", "value", "message"],
+        "properties": {
+            "index": {"type": ["integer", "null"], "description": "position of the event in the array"},
+            "field": {"type": "string", "description": "dotted path of the field ('$' = the whole body)"},
+            "value": {"description": "the value received (shortened when large)"},
+            "message": {"type": "string"},
+        },
+    }
+    rejected = {
+        "type": "object",
+        "required": ["error", "accepted", "errors"],
+        "properties": {
+            "error": {"type": "string"},
+            "accepted": {"const": 0, "description": "nothing of a rejected request is written"},
+            "errors": {"type": "array", "items": _ref("FieldError")},
+            "rejected": {"type": "integer"},
+            "valid_not_written": {"type": "integer"},
+            "policy": {"type": "string"},
+            "dead_lettered": {"type": "boolean"},
+            "request_id": {"type": "string"},
+        },
+    }
+    accepted = {
+        "type": "object",
+        "required": ["accepted", "event_ids"],
+        "properties": {
+            "accepted": {"type": "integer"},
+            "event_ids": {"type": "array", "items": {"type": "string"}},
+            "request_id": {"type": "string"},
+        },
+    }
+    unavailable = {
+        "type": "object",
+        "properties": {
+            "error": {"type": "string"},
+            "partial": {"type": "boolean", "description": "some events were acknowledged"},
+            "acknowledged_event_ids": {"type": "array", "items": {"type": "string"}},
+            "unacknowledged_event_ids": {"type": "array", "items": {"type": "string"}},
+            "message": {"type": "string"},
+        },
+    }
+    return {"FieldError": field_error, "Rejected": rejected, "Accepted": accepted, "Unavailable": unavailable}
+
+
+def _response(description: str, schema: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": _ref(schema)}}}
+
+
+def openapi_document(config: GatewayConfig) -> dict[str, Any]:
+    """The OpenAPI 3.1 document the gateway serves at `/openapi.json`."""
+    event_schemas = {t: json_schema(t) for t in ACCEPTED_TYPES}
+    request_schema = {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": config.max_events,
+        "items": {"oneOf": [_ref(t) for t in ACCEPTED_TYPES], "discriminator": {"propertyName": "type"}},
+    }
+    post = {
+        "summary": "Publish events",
+        "description": (
+            f"Validates every event strictly (unknown fields are errors). Policy: {POLICY}. "
+            "202 only after the broker acknowledged every event (acks=all). Invalid events also go "
+            "to the dead-letter topic. Bodies over "
+            f"{config.max_body_bytes} bytes get 413."
+        ),
+        "operationId": "publishEvents",
+        "security": [{"bearer": []}, {"apiKey": []}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": request_schema}}},
+        "responses": {
+            "202": _response("every event acknowledged by the broker", "Accepted"),
+            "400": _response("malformed JSON or invalid events; nothing written", "Rejected"),
+            "401": _response("missing or wrong API key", "Rejected"),
+            "413": _response("body or event count over the limit; nothing written", "Rejected"),
+            "415": _response("content type is not application/json", "Rejected"),
+            "503": _response("broker did not acknowledge; says which events were", "Unavailable"),
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
+        "info": {
+            "title": "agentstream ingestion gateway",
+            "version": SCHEMA_VERSION,
+            "description": "Publish agent events over HTTP into Kafka topics keyed by trajectory id.",
+        },
+        "paths": {
+            "/v1/events": {"post": post},
+            "/healthz": {
+                "get": {
+                    "summary": "Broker reachability",
+                    "operationId": "healthz",
+                    "responses": {
+                        "200": {"description": "broker reachable"},
+                        "503": {"description": "unreachable"},
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "operationId": "openapi",
+                    "responses": {"200": {"description": "ok"}},
+                }
+            },
+        },
+        "components": {
+            "schemas": {**event_schemas, **_error_schemas()},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "API key as a bearer token"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+            },
+        },
+        "x-agentstream-policy": POLICY,
+    }
