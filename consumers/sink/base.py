@@ -18,6 +18,7 @@ class Source:
     offset: int
     key: bytes | None = None
     value: bytes = b""
+    timestamp_ms: int | None = None
 
 
 @dataclass(frozen=True)

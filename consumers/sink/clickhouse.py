@@ -33,9 +33,10 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def is_server_refusal(exc: BaseException) -> bool:
-    from clickhouse_connect.driver.exceptions import DatabaseError
+    """The server refused the statement (not a value the client could not serialise)."""
+    from clickhouse_connect.driver.exceptions import DatabaseError, DataError
 
-    return isinstance(exc, DatabaseError) and not is_retryable(exc)
+    return isinstance(exc, DatabaseError) and not isinstance(exc, DataError) and not is_retryable(exc)
 
 
 class ClickHouseSink(Sink):

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from consumers.sink.base import Rejected, Source
 from consumers.sink.clickhouse import ClickHouseSink
@@ -61,7 +62,9 @@ class SinkWorker:
         """Turn one Kafka record into buffered rows (or a dead letter)."""
         from kafka import TopicPartition
 
-        source = Source(record.topic, record.partition, record.offset, record.key, record.value or b"")
+        source = Source(
+            record.topic, record.partition, record.offset, record.key, record.value or b"", record.timestamp
+        )
         self._offsets[TopicPartition(record.topic, record.partition)] = record.offset + 1
         self._records += 1
         try:
@@ -73,16 +76,7 @@ class SinkWorker:
             self.sink.add(table, row, source)
 
     def _reject_record(self, source: Source, reason: str, error_type: str) -> None:
-        letter = dead_letter(
-            STAGE,
-            reason,
-            source.value,
-            topic=source.topic,
-            partition=source.partition,
-            offset=source.offset,
-            key=source.key,
-            error_type=error_type,
-        )
+        letter = _dead_letter(source, reason, error_type)
         log.warning(
             "dead letter topic=%s partition=%d offset=%d trajectory=%s: %s",
             source.topic,
@@ -156,6 +150,24 @@ class SinkWorker:
             if self.due():
                 self.flush()
         self.flush()
+
+
+def _dead_letter(source: Source, reason: str, error_type: str) -> DeadLetter:
+    letter = dead_letter(
+        STAGE,
+        reason,
+        source.value,
+        topic=source.topic,
+        partition=source.partition,
+        offset=source.offset,
+        key=source.key,
+        error_type=error_type,
+    )
+    if source.timestamp_ms is None or source.timestamp_ms < 0:
+        return letter
+    # Stamped with the source record's time, so a replay re-creates the identical dead letter.
+    when = datetime.fromtimestamp(source.timestamp_ms / 1000, UTC)
+    return letter.model_copy(update={"occurred_at": when})
 
 
 def _rebalance_listener(worker_ref: list):
