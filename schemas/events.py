@@ -79,6 +79,7 @@ class StepRecorded(EventBase):
     latency_ms: NonNegFloat | None = None
     token_ids: list[int] | None = Field(None, description="sampled token ids, for on-policy RL")
     logprobs: list[float] | None = Field(None, description="logprobs of token_ids, same length")
+    reward: float | None = Field(None, description="environment reward for this step (Gymnasium-style envs)")
 
 
 class EpisodeEnded(EventBase):
