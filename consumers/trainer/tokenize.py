@@ -48,8 +48,6 @@ class Encoded:
 
 
 def _render(tokenizer: Any, messages: list[Message], tools, generation_prompt: bool = False) -> str:
-    if not messages and not generation_prompt:
-        return tokenizer.apply_chat_template([], tools=tools or None, tokenize=False) if tools else ""
     return tokenizer.apply_chat_template(
         messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
     )
@@ -70,13 +68,11 @@ def render_segments(
 ) -> list[Segment]:
     """Segments of the rendered conversation; assistant bodies at index >= `train_from` are trainable."""
     segments: list[Segment] = []
-    before = _render(tokenizer, [], tools)
-    if before:
-        segments.append(Segment(before, False, -1))
+    before = ""  # templates refuse an empty conversation; the first message is always context
     step = -1
     for k, message in enumerate(messages):
         after = _render(tokenizer, messages[: k + 1], tools)
-        if k >= train_from and message["role"] == "assistant":
+        if k >= max(1, train_from) and message["role"] == "assistant":
             step += 1
             with_header = _render(tokenizer, messages[:k], tools, generation_prompt=True)
             segments.append(Segment(_suffix(with_header, before, k), False, step))
