@@ -276,3 +276,35 @@ def test_silent_producers_are_forgotten_and_then_accepted_as_new():
     producers = {1: ProducerEntry(0, [(0, 0, 0, 0)], last_timestamp=1_000), 2: ProducerEntry(0, [], 10**13)}
     assert expire_producers(producers, now_ms=1_000 + PRODUCER_EXPIRATION_MS + 1) == 1
     assert list(producers) == [2]
+
+
+def test_deferred_sync_with_concurrent_flushes_and_appends(tmp_path):
+    import threading
+
+    plog = PartitionLog(tmp_path / "t-0", LogConfig(segment_bytes=8192))
+    stop = threading.Event()
+
+    def flusher():
+        while not stop.is_set():
+            plog.flush()
+
+    def producer(tag: bytes):
+        for i in range(150):
+            plog.append(make_batch([tag + b"%d" % i]), sync=False)
+
+    threads = [
+        threading.Thread(target=flusher),
+        *(threading.Thread(target=producer, args=(t,)) for t in (b"a", b"b")),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads[1:]:
+        t.join()
+    stop.set()
+    threads[0].join()
+    plog.flush()
+    values = [v for _, v in read_all(plog)]
+    assert sorted(values) == sorted([b"a%d" % i for i in range(150)] + [b"b%d" % i for i in range(150)])
+    assert [v for v in values if v.startswith(b"a")] == [b"a%d" % i for i in range(150)], "per-producer order"
+    plog.close()
+    assert [v for _, v in read_all(PartitionLog(tmp_path / "t-0", LogConfig()))] == values

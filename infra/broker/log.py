@@ -305,13 +305,16 @@ class PartitionLog:
                     record_batch(self._producers, f[9], f[10], seqs, now)  # expiry counts from now
 
     # -- append
-    def append(self, records: bytes | bytearray | memoryview) -> AppendResult:
+    def append(self, records: bytes | bytearray | memoryview, *, sync: bool | None = None) -> AppendResult:
         """Append one or more v2 batches; returns the offsets assigned.
 
         Validates every batch (InvalidRecordError / CorruptRecordError) and idempotent-producer
         sequences (OutOfOrderSequenceError / InvalidProducerEpochError) before writing anything.
         A retry of one of a producer's last 5 batches returns its original offsets, duplicate=True.
-        With flush="always" the data is fsynced before this returns.
+        With flush="always" the data is fsynced before this returns. `sync=False` skips that fsync
+        (the caller must call `flush()` before acknowledging, e.g. once for all partitions of a
+        Produce request, possibly in a worker thread); `sync=True` forces it. Appended data is
+        readable at once either way.
         """
         batches = [
             (h.producer_id, h.producer_epoch, h.base_sequence, h.last_offset_delta, h.max_timestamp, h.size)
@@ -334,9 +337,9 @@ class PartitionLog:
                         pending[pid] = entry.copy() if entry is not None else ProducerEntry(epoch)
                     record_batch(pending, pid, epoch, (base_seq, last_seq, offset, offset + delta), 0)
                 offset += delta + 1
-            return self._write(records, batches, pending)
+            return self._write(records, batches, pending, sync)
 
-    def _write(self, records, batches: list[tuple], pending: dict[int, ProducerEntry]) -> AppendResult:
+    def _write(self, records, batches: list[tuple], pending: dict[int, ProducerEntry], sync) -> AppendResult:
         buf = bytearray(records)
         seg = self._segments[-1]
         if seg.size > 0 and seg.size + len(buf) > self.config.segment_bytes:
@@ -359,7 +362,7 @@ class PartitionLog:
             entry.last_timestamp = max(entry.last_timestamp, _now_ms())
             self._producers[pid] = entry
         self._dirty = True
-        self._maybe_flush()
+        self._maybe_flush(sync)
         return AppendResult(first, offset - 1, -1, False)
 
     def _write_all(self, seg: Segment, buf: bytearray) -> None:
@@ -385,8 +388,10 @@ class PartitionLog:
         log.debug("rolled %s at offset %d", self.directory.name, seg.base)
         return seg
 
-    def _maybe_flush(self) -> None:
-        if self.config.flush == "always":
+    def _maybe_flush(self, sync: bool | None) -> None:
+        if sync is False:
+            return
+        if sync or self.config.flush == "always":
             _fdatasync(self._segments[-1].fd)
             self._dirty = False
         elif _now_ms() - self._last_flush_ms >= self.config.flush_interval_ms:
@@ -469,10 +474,21 @@ class PartitionLog:
         return deleted
 
     def flush(self) -> None:
-        """fsync the active segment if anything was appended since the last flush."""
+        """fsync what was appended since the last flush. Safe to call from another thread: the lock
+        is not held during the fsync, so appends and reads carry on meanwhile."""
         with self._lock:
-            if not self._closed:
-                self._flush_locked()
+            self._last_flush_ms = _now_ms()
+            if self._closed or not self._dirty:
+                return
+            fd = os.dup(self._segments[-1].fd)  # survives a concurrent close or roll
+            self._dirty = False
+        try:
+            _fdatasync(fd)
+        except OSError:
+            self._dirty = True
+            raise
+        finally:
+            os.close(fd)
 
     def _flush_locked(self) -> None:
         if self._dirty:

@@ -131,6 +131,7 @@ class BrokerStore:
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         for meta in self._topics.values():
             self._open_logs(meta)
+        self._warn_orphans()
         self._offsets: dict[str, dict[OffsetKey, OffsetValue]] = {}
         self._offsets_fh = self._open_offsets()
         self._next_pid, self._pid_limit = self._load_producer_ids()
@@ -156,6 +157,15 @@ class BrokerStore:
         for p in range(meta.partitions):
             self._logs[(meta.name, p)] = PartitionLog(self._partition_dir(meta.name, p), config)
 
+    def _warn_orphans(self) -> None:
+        """Partition directories no topic owns (a crashed delete, a hand-edited topics.json) are kept,
+        not deleted: the operator decides. Creating the topic again wipes them."""
+        known = {self._partition_dir(t, p).name for t, p in self._logs}
+        for path in self.data_dir.iterdir():
+            name, _, partition = path.name.rpartition("-")
+            if path.is_dir() and name and partition.isdigit() and path.name not in known:
+                log.warning("partition directory %s belongs to no topic in %s; ignored", path, TOPICS_FILE)
+
     def _partition_dir(self, topic: str, partition: int) -> Path:
         return self.data_dir / f"{topic}-{partition}"
 
@@ -174,6 +184,7 @@ class BrokerStore:
             self._topics[name] = meta
             self._save_topics()
             self._open_logs(meta)
+            fsync_dir(self.data_dir)
             log.info("created topic %s (%d partitions, configs %s)", name, partitions, configs)
             return meta
 
