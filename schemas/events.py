@@ -155,6 +155,9 @@ class JudgeFailed(EventBase):
     prompt_version: str = ""
     attempts: NonNegInt = 0
     retry_at: AwareDatetime | None = None
+    input_tokens: NonNegInt = Field(0, description="tokens paid for a reply that could not be used")
+    output_tokens: NonNegInt = 0
+    cost_usd: NonNegFloat = 0.0
 
 
 # --- feedback.human -----------------------------------------------------------------------------
