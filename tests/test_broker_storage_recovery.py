@@ -145,7 +145,7 @@ def test_kill9_during_appends_loses_no_acknowledged_batch(tmp_path):
     assert retry.duplicate and retry.base_offset == 2 * n
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     appends=st.lists(
         st.lists(st.binary(min_size=0, max_size=400), min_size=1, max_size=6), min_size=1, max_size=40
@@ -166,3 +166,40 @@ def test_reads_are_identical_after_reopen(tmp_path_factory, appends, segment_byt
     assert reopened.high_watermark == sum(len(v) for v in appends)
     assert read_all(reopened) == everything
     assert [reopened.read(o, m) for o in range(reopened.high_watermark) for m in (1, 700)] == before
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(1, 4), st.booleans()),  # producer, records, retry it
+        min_size=1,
+        max_size=40,
+    ),
+    segment_bytes=st.sampled_from([400, 2048, 1 << 20]),
+    clean=st.booleans(),
+)
+def test_idempotent_appends_match_a_model_across_reopen(tmp_path_factory, steps, segment_bytes, clean):
+    directory = tmp_path_factory.mktemp("idem") / "t-0"
+    config = LogConfig(segment_bytes=segment_bytes, index_interval_bytes=150)
+    plog = PartitionLog(directory, config)
+    next_seq = [0, 0, 0]
+    model: list[bytes] = []
+    sent: list[tuple[bytes, int]] = []  # (batch, first offset) of every batch actually appended
+    for producer, count, retry in steps:
+        values = [b"p%d-s%d-%d" % (producer, next_seq[producer], i) for i in range(count)]
+        batch = make_batch(values, producer=(100 + producer, 0, next_seq[producer]))
+        result = plog.append(batch)
+        assert not result.duplicate and result.base_offset == len(model)
+        sent.append((batch, result.base_offset))
+        model.extend(values)
+        next_seq[producer] += count
+        if retry:
+            again = plog.append(batch)
+            assert again.duplicate and again.base_offset == result.base_offset
+    plog.close() if clean else crash(plog)
+    reopened = PartitionLog(directory, config)
+    assert [v for _, v in read_all(reopened)] == model
+    last_batch, last_offset = sent[-1]
+    again = reopened.append(last_batch)
+    assert again.duplicate and again.base_offset == last_offset
+    assert reopened.high_watermark == len(model)
