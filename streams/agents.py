@@ -1,0 +1,139 @@
+"""Thin faust agents around the batch processors (streams/processors.py): I/O only.
+
+Per batch (`stream.take_events(batch_max, within=batch_within_s)`): hand the raw records to the
+processor, send its outputs and dead letters in bulk and wait for their acknowledgements, then write
+the state updates to the table (one changelog record per trajectory per batch). faust acks the
+batch's events after this coroutine returns and flushes its producer before committing offsets,
+so after a crash (even kill -9) the worst case is reprocessing a batch: every output then carries
+the same event_id and the same bytes as before, which all consumers drop by event_id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from schemas.codec import encode, encode_key
+from schemas.events import EventBase
+from schemas.topics import AGENT_EVENTS, TOPICS, topic_for
+from streams.app import WorkerConfig
+from streams.dlq import send_dead_letters
+from streams.processors import BatchResult, Record, RuleRewarder, TrajectoryAssembler
+from streams.rules.profiles import ProfileRegistry
+
+log = logging.getLogger(__name__)
+
+
+def _state_table(app, name: str):
+    return app.Table(
+        "state",
+        default=None,
+        key_type=bytes,
+        value_type=bytes,
+        partitions=TOPICS[AGENT_EVENTS].partitions,
+        use_partitioner=True,  # changelog partition from the key, as for the source topics
+        help=f"per-trajectory state of processor {name}",
+    )
+
+
+def _source(app, processor):
+    return app.topic(
+        *processor.sources, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+    )
+
+
+def _records(events) -> list[Record]:
+    out = []
+    for event in events:
+        msg = event.message
+        out.append(Record(msg.topic, msg.partition, msg.offset, msg.key, event.value))
+    return out
+
+
+async def send_events(app, events: list[EventBase]) -> None:
+    """Send events to their topics (keyed by trajectory id) and wait until all are acknowledged."""
+    producer = app.producer
+    futures = []
+    for event in events:
+        futures.append(
+            await producer.send(topic_for(event.type), encode_key(event), encode(event), None, None, None)
+        )
+    if futures:
+        await asyncio.gather(*futures)
+
+
+async def apply_result(app, table, stage: str, result: BatchResult) -> None:
+    await send_events(app, result.outputs)
+    await send_dead_letters(app, stage, result.dead)
+    for key, value in result.updates.items():
+        table[key] = value
+
+
+def register_rules(app, config: WorkerConfig) -> None:
+    profiles = ProfileRegistry.from_file(config.profiles_path)
+    processor = RuleRewarder(profiles, config.reward_version)
+    table = _state_table(app, processor.name)
+
+    @app.agent(_source(app, processor), name=processor.name)
+    async def rules(stream):
+        async for events in stream.take_events(config.batch_max, within=config.batch_within_s):
+            result = processor.process(_records(events), table.get)
+            await apply_result(app, table, processor.name, result)
+            log.debug("%s: batch of %d -> %d rewards", processor.name, len(events), len(result.outputs))
+
+
+def register_assembler(app, config: WorkerConfig) -> None:
+    profiles = ProfileRegistry.from_file(config.profiles_path)
+    processor = TrajectoryAssembler(profiles, config.grace_seconds, judge_mode=judge_mode_function(config))
+    table = _state_table(app, processor.name)
+    lock = asyncio.Lock()
+    restored = {"done": False}
+
+    @app.agent(_source(app, processor), name=processor.name)
+    async def assembler(stream):
+        async for events in stream.take_events(config.batch_max, within=config.batch_within_s):
+            async with lock:
+                _track_restored(processor, table, restored)
+                result = processor.process(_records(events), table.get)
+                await apply_result(app, table, processor.name, result)
+
+    @app.timer(config.timer_interval_s, name=f"{processor.name}-grace")
+    async def grace():
+        if not _recovered(app):
+            return
+        async with lock:
+            _track_restored(processor, table, restored)
+            result = processor.expire(table.get)
+            if result.outputs:
+                log.info("%s: grace period over for %d trajectories", processor.name, len(result.outputs))
+            await apply_result(app, table, processor.name, result)
+
+
+def _recovered(app) -> bool:
+    recovery = getattr(app.tables, "recovery", None)
+    completed = getattr(recovery, "completed", None)
+    return completed is None or completed.is_set()
+
+
+def _track_restored(processor: TrajectoryAssembler, table, restored: dict) -> None:
+    if restored["done"]:
+        return
+    restored["done"] = True
+    count = processor.track_restored(list(table.data.items()))
+    log.info("%s: %d restored trajectories may still emit", processor.name, count)
+
+
+def judge_mode_function(config: WorkerConfig):
+    """`started -> judge mode or None`: whether the judge is expected to score a trajectory.
+
+    Uses `streams.judge.selection.JudgeRules` with `config.judge_rules_path`; a missing module or no
+    rules means the judge is never expected (the assembler then waits only for rule rewards)."""
+    try:
+        from streams.judge.selection import JudgeRules
+    except ImportError:
+        log.info("judge selection module not available: no judge scores expected")
+        return lambda started: None
+    rules = JudgeRules.load(config.judge_rules_path)
+    if not rules.rules:
+        return lambda started: None
+    return rules.mode_for

@@ -1,0 +1,120 @@
+"""`agentstream worker`: run stream processor roles as faust workers.
+
+One role runs in this process (`faust.Worker` on the app from `streams.app.create_app`). Several
+roles run as one child process per role (each its own faust app and consumer group), supervised
+here: when one child exits, the others are stopped and the worker exits non-zero; SIGTERM/SIGINT
+are passed on to the children, with SIGKILL after a grace period (faust can ignore SIGTERM).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra.kafka_clients import ensure_topics
+from schemas.settings import Settings
+from streams.app import WorkerConfig, create_app
+
+log = logging.getLogger(__name__)
+CHILD_STOP_GRACE_S = 10.0
+
+
+def config_from_args(args) -> WorkerConfig:
+    """The worker's settings, read once from the parsed command line (which fell back to env vars)."""
+    settings = Settings.from_args(args)
+    roles = tuple(r.strip() for r in str(args.roles).split(",") if r.strip())
+    return WorkerConfig(
+        bootstrap_servers=settings.bootstrap_servers,
+        data_dir=Path(settings.data_dir),
+        roles=roles,
+        profiles_path=Path(args.profiles) if args.profiles else None,
+        judge_rules_path=Path(args.judge_rules) if args.judge_rules else None,
+        grace_seconds=float(args.grace_seconds),
+        batch_max=int(args.batch_max),
+        batch_within_s=float(args.batch_within),
+        reward_version=args.reward_version,
+    )
+
+
+def main(args) -> int:
+    config = config_from_args(args)
+    ensure_topics(config.bootstrap_servers)
+    if len(config.roles) == 1:
+        return run_role(config, config.roles[0], args.log_level)
+    return supervise(config, args)
+
+
+def run_role(config: WorkerConfig, role: str, log_level: str = "INFO") -> int:
+    """Run one role's faust worker in this process until it is stopped."""
+    import faust
+
+    app = create_app(config, role)
+    worker = faust.Worker(app, loglevel=str(log_level).lower(), quiet=True, override_logging=False)
+    worker.execute_from_commandline()  # returns (or exits) when the worker stops
+    return 0
+
+
+def _child_args(args, role: str) -> list[str]:
+    argv = [sys.executable, "-m", "infra.cli", "worker", "--roles", role]
+    for flag, dest in _FORWARDED:
+        value = getattr(args, dest, None)
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+_FORWARDED = [
+    ("--bootstrap-servers", "bootstrap_servers"),
+    ("--clickhouse-url", "clickhouse_url"),
+    ("--data-dir", "data_dir"),
+    ("--log-level", "log_level"),
+    ("--profiles", "profiles"),
+    ("--judge-rules", "judge_rules"),
+    ("--grace-seconds", "grace_seconds"),
+    ("--batch-max", "batch_max"),
+    ("--batch-within", "batch_within"),
+    ("--reward-version", "reward_version"),
+]
+
+
+def supervise(config: WorkerConfig, args) -> int:
+    """One child process per role; stop all when one exits or when asked to stop."""
+    children = {role: subprocess.Popen(_child_args(args, role)) for role in config.roles}
+    log.info("worker: roles %s as pids %s", ",".join(children), [p.pid for p in children.values()])
+    stopping = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stopping["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while stopping["signal"] is None:
+        exited = [r for r, p in children.items() if p.poll() is not None]
+        if exited:
+            log.error(
+                "worker: role %s exited with %s; stopping the others",
+                exited[0],
+                children[exited[0]].returncode,
+            )
+            break
+        time.sleep(0.2)
+    _stop_children(children)
+    return 0 if stopping["signal"] is not None else 1
+
+
+def _stop_children(children: dict[str, subprocess.Popen]) -> None:
+    for proc in children.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + CHILD_STOP_GRACE_S
+    for role, proc in children.items():
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("worker: role %s ignored SIGTERM; killing pid %d", role, proc.pid)
+            proc.kill()
+            proc.wait(timeout=10)
