@@ -65,7 +65,8 @@ class WorkerConfig:
             raise WorkerConfigError(f"--grace-seconds: must be > 0, got {self.grace_seconds!r}")
         if self.batch_max < 1 or self.batch_within_s <= 0:
             raise WorkerConfigError(
-                f"--batch-max / --batch-within: must be positive, got {self.batch_max!r} / {self.batch_within_s!r}"
+                "--batch-max / --batch-within: must be positive, "
+                f"got {self.batch_max!r} / {self.batch_within_s!r}"
             )
 
     def app_id(self, role: str) -> str:

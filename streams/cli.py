@@ -20,7 +20,7 @@ def register(sub) -> None:
         parser,
         "--roles",
         default="rules,assembler",
-        help="comma-separated processor roles: rules, assembler, judge (one faust app and consumer group each)",
+        help="comma-separated roles: rules, assembler, judge (one faust app and consumer group each)",
     )
     add_option(parser, "--profiles", help="JSON/YAML file with extra or overriding domain profiles")
     add_option(

@@ -242,7 +242,7 @@ class TrajectoryAssembler:
             from streams.judge.calibration import CalibrationMap
 
             cmap = CalibrationMap.from_event(event)
-        except Exception as exc:  # noqa: BLE001 - a bad map is poison input, not a crash
+        except Exception as exc:  # a bad map is poison input, not a crash
             result.dead.append(_dead(self.name, rec, f"calibration map unusable: {exc}", type(exc).__name__))
             return
         self.calibrations.update(cmap.domain, cmap.rubric, cmap)
