@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from infra.broker.errors import (
@@ -308,3 +310,15 @@ def test_deferred_sync_with_concurrent_flushes_and_appends(tmp_path):
     assert [v for v in values if v.startswith(b"a")] == [b"a%d" % i for i in range(150)], "per-producer order"
     plog.close()
     assert [v for _, v in read_all(PartitionLog(tmp_path / "t-0", LogConfig()))] == values
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to count descriptors")
+def test_many_segments_do_not_hold_a_descriptor_each(tmp_path):
+    plog = PartitionLog(tmp_path / "t-0", LogConfig(segment_bytes=600))
+    expected = fill(plog, 80)
+    assert plog.segment_count >= 60
+    plog.close()
+    before = len(os.listdir("/proc/self/fd"))
+    reopened = PartitionLog(tmp_path / "t-0", LogConfig(segment_bytes=600))
+    assert read_all(reopened, max_bytes=1) == expected  # touches every segment
+    assert len(os.listdir("/proc/self/fd")) - before <= 10

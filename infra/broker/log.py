@@ -31,6 +31,7 @@ import struct
 import threading
 import time
 from bisect import bisect_left, bisect_right
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -74,6 +75,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CLEAN_MARKER = ".clean_shutdown"
+MAX_OPEN_SEALED = 4  # sealed segments per partition keeping a file descriptor (LRU)
 _BASE_OFFSET = struct.Struct(">q")
 _EPOCH_AT_12 = struct.Struct(">i")
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
@@ -190,6 +192,7 @@ class PartitionLog:
         self._bases: list[int] = []
         self._producers: dict[int, ProducerEntry] = {}
         self._positions: dict[int, tuple[Segment, int]] = {}  # next-fetch-offset -> (segment, byte)
+        self._open_sealed: OrderedDict[Segment, None] = OrderedDict()
         self._dirty = False
         self._last_flush_ms = _now_ms()
         self._closed = False
@@ -227,6 +230,7 @@ class PartitionLog:
             self._bases.append(base)
             if i < len(bases) - 1:
                 self._load_sealed(seg, bases[i + 1])
+                seg.release()
             else:
                 self._load_active(seg, clean)
         self._rebuild_producers()
@@ -299,6 +303,7 @@ class PartitionLog:
         seg_index, now = max(0, bisect_right(self._bases, start) - 1), _now_ms()
         for seg in self._segments[seg_index:]:
             pos, first = seg.position_before(max(start, seg.base))
+            self._use(seg)
             for _, f in BatchScan(seg.fd, pos, seg.size, first, verify_crc=False):
                 if f[9] >= 0 and f[11] >= 0 and f[0] >= start:
                     seqs = (f[11], next_sequence(f[11], f[6]), f[0], f[0] + f[6])
@@ -380,6 +385,7 @@ class PartitionLog:
         old.write_index(sync=True)
         expire_producers(self._producers, _now_ms())
         write_snapshot(self.directory, self._producers, old.next_offset)
+        old.release()
         seg = Segment(self.directory, old.next_offset)
         seg.next_offset = old.next_offset
         self._segments.append(seg)
@@ -412,10 +418,12 @@ class PartitionLog:
                     f"offset: {offset} outside [{self.log_start_offset}, {hw}] of {self.directory.name}"
                 )
             cached = self._positions.pop(offset, None)
-            if cached is not None and cached[0].fd >= 0 and cached[1] < cached[0].size:
+            if cached is not None and not cached[0].closed and cached[1] < cached[0].size:
                 seg, pos = cached
+                self._use(seg)
             else:
                 seg = self._segments[bisect_right(self._bases, offset) - 1]
+                self._use(seg)
                 pos = seg.locate(offset)
             data, next_offset = seg.read_batches(pos, max_bytes)
             if len(self._positions) > 256:
@@ -437,6 +445,7 @@ class PartitionLog:
                     continue
                 i = bisect_left(seg.idx_ts, timestamp_ms) - 1
                 pos, first = (seg.idx_pos[i], seg.idx_offset[i]) if i >= 0 else (0, seg.base)
+                self._use(seg)
                 for bpos, f in BatchScan(seg.fd, pos, seg.size, first, verify_crc=False):
                     if f[8] >= timestamp_ms:
                         data = os.pread(seg.fd, LOG_OVERHEAD + f[1], bpos)
@@ -465,6 +474,7 @@ class PartitionLog:
                     "time" if by_time else "size",
                 )
                 seg.remove_files()
+                self._open_sealed.pop(seg, None)
                 self._segments.pop(0)
                 self._bases.pop(0)
                 total -= seg.size
@@ -519,10 +529,20 @@ class PartitionLog:
 
     truncate_all = delete
 
+    def _use(self, seg: Segment) -> None:
+        """Mark a segment's descriptor as recently used; release the least recent sealed ones."""
+        if seg is self._segments[-1]:
+            return
+        self._open_sealed[seg] = None
+        self._open_sealed.move_to_end(seg)
+        while len(self._open_sealed) > MAX_OPEN_SEALED:
+            self._open_sealed.popitem(last=False)[0].release()
+
     def _close_fds(self) -> None:
         for seg in self._segments:
             seg.close()
         self._positions.clear()
+        self._open_sealed.clear()
         self._closed = True
 
     def _check_open(self) -> None:

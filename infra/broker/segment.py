@@ -118,8 +118,9 @@ class Segment:
         self.base = base
         self.log_path = directory / f"{base:020d}{LOG_SUFFIX}"
         self.index_path = directory / f"{base:020d}{INDEX_SUFFIX}"
-        self.fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        self.size = os.fstat(self.fd).st_size
+        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self.closed = False
+        self.size = os.fstat(self._fd).st_size
         self.next_offset = base
         self.max_timestamp = NO_TIMESTAMP
         self.idx_offset = array("q")  # absolute base offset of an indexed batch
@@ -218,12 +219,26 @@ class Segment:
     def timestamp_for_retention(self) -> int:
         if self.max_timestamp >= 0:
             return self.max_timestamp
-        return int(os.fstat(self.fd).st_mtime * 1000)
+        return int(self.log_path.stat().st_mtime * 1000)
+
+    @property
+    def fd(self) -> int:
+        """The file descriptor, reopened on demand after `release()` (sealed segments)."""
+        if self._fd < 0:
+            if self.closed:
+                raise OSError(f"segment {self.log_path} is closed")
+            self._fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND)
+        return self._fd
+
+    def release(self) -> None:
+        """Close the descriptor but stay usable: many sealed segments must not exhaust `ulimit -n`."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.release()
+        self.closed = True
 
     def remove_files(self) -> None:
         self.close()
