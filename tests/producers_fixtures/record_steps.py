@@ -1,0 +1,53 @@
+"""A producer process for the kill -9 tests: `record` spools steps, `deliver` delivers a spool.
+
+    python -m tests.producers_fixtures.record_steps record BOOTSTRAP DATA_DIR TRAJECTORIES STEPS
+    python -m tests.producers_fixtures.record_steps deliver BOOTSTRAP DATA_DIR [--slow]
+
+`--slow` pauses 50 ms after each acknowledged chunk *before* the cursor moves, so a kill -9 lands
+inside the in-doubt window (acknowledged by the broker, not yet recorded as delivered).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from producers.delivery import SpoolDelivery
+from producers.recorder import AgentRecorder
+
+
+def record(bootstrap: str, data_dir: str, trajectories: int, steps: int) -> int:
+    rec = AgentRecorder(bootstrap, data_dir, agent="kill9", model="m", chunk_records=10, close_timeout_s=1)
+    for t in range(trajectories):
+        with rec.episode(task_id=f"task-{t}", trajectory_id=f"traj-{t}") as ep:
+            for i in range(steps):
+                ep.step(tool="bash", params={"i": i}, observation="o" * 2048)
+            ep.end(success=True)
+    ok = rec.flush(30, until="spooled")
+    print("SPOOLED" if ok else "NOT SPOOLED", flush=True)
+    rec.close(1)
+    return 0 if ok else 1
+
+
+def deliver(bootstrap: str, data_dir: str, slow: bool) -> int:
+    if slow:
+        original = SpoolDelivery._send
+
+        def slow_send(self, records):
+            original(self, records)
+            time.sleep(0.05)
+
+        SpoolDelivery._send = slow_send
+    rec = AgentRecorder(bootstrap, data_dir, agent="kill9", chunk_records=10)
+    print("DELIVERING", rec.pending, flush=True)
+    ok = rec.flush(60)
+    print("DELIVERED" if ok else "NOT DELIVERED", rec.pending, flush=True)
+    rec.close(5)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    mode, bootstrap, data_dir, *rest = sys.argv[1:]
+    if mode == "record":
+        sys.exit(record(bootstrap, data_dir, int(rest[0]), int(rest[1])))
+    sys.exit(deliver(bootstrap, data_dir, "--slow" in rest))
