@@ -1,13 +1,209 @@
-"""`agentstream bench broker` (not implemented yet; the owning issue replaces this stub)."""
+"""`agentstream bench broker`: embedded-broker throughput with real clients, and crash recovery time.
+
+Starts `agentstream broker` as a subprocess on a free port (flush policy as given; default fsync
+before every acknowledgement), then for kafka-python and aiokafka and each message size produces
+`--messages` records (acks=all, linger 5 ms) to a fresh one-partition topic and consumes them back
+from the beginning, timing both. Figures are medians over `--repeats`. Recovery is measured by the
+storage layer's `measure_recovery`: fill a partition log with `--recovery-bytes`, simulate kill -9
+with a torn final batch, time the reopen (CRC scan and truncation of the tail).
+"""
 
 from __future__ import annotations
 
-from schemas.errors import AgentstreamError
+import asyncio
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CLIENTS = ("kafka-python", "aiokafka")
 
 
 def add_arguments(parser) -> None:
-    """Options of this benchmark."""
+    parser.add_argument("--messages", type=int, default=50_000, help="messages per run (200 B runs)")
+    parser.add_argument(
+        "--sizes",
+        default="200,2048",
+        help="comma-separated message sizes in bytes (sizes above 200 B send a quarter of --messages)",
+    )
+    parser.add_argument(
+        "--flush", choices=["always", "interval"], default="always", help="broker flush policy"
+    )
+    parser.add_argument(
+        "--recovery-bytes",
+        type=int,
+        default=1_000_000_000,
+        help="log size for the kill -9 recovery measurement (0: skip)",
+    )
+    parser.add_argument("--clients", default=",".join(CLIENTS), help="comma-separated: kafka-python,aiokafka")
 
 
 def run(args) -> dict:
-    raise AgentstreamError("agentstream bench broker is not implemented yet")
+    from infra.bench.report import machine
+
+    sizes = [int(s) for s in str(args.sizes).split(",") if s]
+    clients = [c for c in str(args.clients).split(",") if c]
+    with tempfile.TemporaryDirectory(prefix="agentstream-bench-broker-") as scratch:
+        with BrokerProcess(Path(scratch) / "broker", args.flush) as bootstrap:
+            rows = [
+                _measure(bootstrap, client, size, _count_for(args.messages, size), args.repeats)
+                for client in clients
+                for size in sizes
+            ]
+        recovery = _recovery(Path(scratch) / "recovery", args.recovery_bytes)
+    if recovery:
+        rows.append(_recovery_row(recovery))
+    return {"rows": rows, "recovery": recovery, "flush": args.flush, "machine": machine()}
+
+
+def _count_for(messages: int, size: int) -> int:
+    """A quarter of the messages for sizes above 200 B (a 2 KB run still moves ~25 MB by default)."""
+    return messages if size <= 200 else max(1000, messages // 4)
+
+
+class BrokerProcess:
+    """`agentstream broker` on a free port for the duration of a `with` block."""
+
+    def __init__(self, data_dir: Path, flush: str):
+        self.data_dir, self.flush = data_dir, flush
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> str:
+        self.data_dir.mkdir(parents=True)
+        ready = self.data_dir / "ready"
+        args = [sys.executable, "-m", "infra.cli", "broker", "--data-dir", str(self.data_dir)]
+        args += ["--port", "0", "--ready-file", str(ready), "--flush", self.flush, "--log-level", "WARNING"]
+        self.proc = subprocess.Popen(args)
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the broker did not start (exit code {self.proc.poll()})")
+            time.sleep(0.05)
+        return ready.read_text().strip()
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _measure(bootstrap: str, client: str, size: int, count: int, repeats: int) -> dict:
+    from infra.bench.report import median
+
+    produce_rates, consume_rates = [], []
+    for attempt in range(max(1, repeats)):
+        topic = f"bench-{client}-{size}-{attempt}"
+        _create_topic(bootstrap, topic)
+        produce_s, consume_s = RUNNERS[client](bootstrap, topic, size, count)
+        produce_rates.append(count / produce_s)
+        consume_rates.append(count / consume_s)
+    produce, consume = median(produce_rates), median(consume_rates)
+    log.info("%s %d B: produce %.0f msg/s, consume %.0f msg/s", client, size, produce, consume)
+    return {
+        "client": client,
+        "message_bytes": size,
+        "messages": count,
+        "produce_msgs_s": round(produce),
+        "produce_MB_s": round(produce * size / 1e6, 1),
+        "consume_msgs_s": round(consume),
+        "consume_MB_s": round(consume * size / 1e6, 1),
+    }
+
+
+def _create_topic(bootstrap: str, topic: str) -> None:
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        admin.close()
+
+
+def _kafka_python(bootstrap: str, topic: str, size: int, count: int) -> tuple[float, float]:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    payload = b"x" * size
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    start = time.perf_counter()
+    for _ in range(count):
+        producer.send(topic, payload)
+    producer.flush()
+    produce_s = time.perf_counter() - start
+    producer.close()
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    seen, start = 0, time.perf_counter()
+    while seen < count:
+        for batch in consumer.poll(timeout_ms=1000, max_records=100_000).values():
+            seen += len(batch)
+    consume_s = time.perf_counter() - start
+    consumer.close()
+    return produce_s, consume_s
+
+
+def _aiokafka(bootstrap: str, topic: str, size: int, count: int) -> tuple[float, float]:
+    return asyncio.run(_aiokafka_async(bootstrap, topic, size, count))
+
+
+async def _aiokafka_async(bootstrap: str, topic: str, size: int, count: int) -> tuple[float, float]:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    payload = b"x" * size
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    start = time.perf_counter()
+    for _ in range(count):
+        await producer.send(topic, payload)
+    await producer.flush()
+    produce_s = time.perf_counter() - start
+    await producer.stop()
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    await consumer.seek_to_beginning(tp)
+    seen, start = 0, time.perf_counter()
+    while seen < count:
+        for batch in (await consumer.getmany(timeout_ms=1000, max_records=100_000)).values():
+            seen += len(batch)
+    consume_s = time.perf_counter() - start
+    await consumer.stop()
+    return produce_s, consume_s
+
+
+RUNNERS = {"kafka-python": _kafka_python, "aiokafka": _aiokafka}
+
+
+def _recovery(directory: Path, total_bytes: int) -> dict | None:
+    if total_bytes <= 0:
+        return None
+    from infra.broker.recovery_bench import measure_recovery
+
+    directory.mkdir(parents=True)
+    return measure_recovery(directory, total_bytes)
+
+
+def _recovery_row(recovery: dict) -> dict:
+    """The recovery figure as a table row (the full measurement is in the JSON under `recovery`)."""
+    seconds, gigabytes = recovery.get("recovery_warm_s"), recovery.get("total_bytes", 0) / 1e9
+    return {
+        "client": f"kill -9 recovery: {seconds} s for {gigabytes:.2f} GB (correct={recovery.get('correct')})",
+        "message_bytes": recovery.get("batch_bytes"),
+        "messages": recovery.get("records"),
+        "produce_msgs_s": None,
+        "produce_MB_s": None,
+        "consume_msgs_s": None,
+        "consume_MB_s": recovery.get("recovery_mb_s"),
+    }
