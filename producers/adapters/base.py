@@ -284,7 +284,9 @@ def describe(value: Any) -> str:
         return f"an object with keys [{keys}]"
     if isinstance(value, list):
         return f"an array of {len(value)} items"
-    return f"a {type(value).__name__}"
+    if value is None:
+        return "nothing (null or missing)"
+    return f"a {type(value).__name__} ({value!r:.40})"
 
 
 def shape_of(doc: Document) -> str:

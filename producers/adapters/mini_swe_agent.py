@@ -112,15 +112,20 @@ def _steps(messages: list[dict]) -> tuple[list[StepDraft], bool]:
         if message["role"] != "assistant":
             continue
         extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
-        thought = text_of(message.get("content"))
-        actions = _actions(message, extra, thought)
+        content = text_of(message.get("content"))
+        actions = _actions(message, extra, content)
+        thought = _ACTION_BLOCK.sub("", content).strip()
         when = parse_timestamp(extra.get("timestamp"))[0]
         tokens = _usage(extra)
         if not actions:
             steps.append(_invalid_step(thought, _next_user(messages, index), when))
             continue
         for n, action in enumerate(actions):
-            result = tool_results.get(action.get("tool_call_id")) or _next_user(messages, index, skip=n)
+            result = (
+                tool_results.get(action.get("tool_call_id"))
+                or _next_user(messages, index, skip=n)
+                or _exit_message(messages, index)
+            )
             step = _action_step(action, result, thought if n == 0 else "", when)
             if n == 0:
                 step.input_tokens, step.output_tokens = tokens
@@ -148,6 +153,12 @@ def _next_user(messages: list[dict], index: int, skip: int = 0) -> dict | None:
                 return message
             seen += 1
     return None
+
+
+def _exit_message(messages: list[dict], index: int) -> dict | None:
+    """The final `exit` message right after `index` (v2: its content is the submission)."""
+    following = messages[index + 1 : index + 2]
+    return following[0] if following and following[0]["role"] == "exit" else None
 
 
 def _action_step(action: dict, result: dict | None, thought: str, when) -> StepDraft:

@@ -222,9 +222,12 @@ class _Walk:
         self._last_message_step = None
 
     def _step(self, event: dict, kind: str, args: dict) -> StepDraft:
-        params = {k: v for k, v in args.items() if k not in _NOISE_ARGS and v is not None}
+        params = {k: v for k, v in args.items() if k not in _NOISE_ARGS and v not in (None, "")}
         if params.get("is_input") is False:
             params.pop("is_input")
+        if kind == "edit" and params.get("command"):  # editor commands: start/end belong to LLM edits
+            params.pop("start", None)
+            params.pop("end", None)
         thought = args.get("thought") if isinstance(args.get("thought"), str) else ""
         if kind == "think":
             params.pop("thought", None)
