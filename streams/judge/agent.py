@@ -21,6 +21,7 @@ Undecodable input goes to the DLQ with its coordinates; nothing is dropped silen
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, MutableMapping
 
 from streams.judge.config import JudgeConfig, resolve_config
 
@@ -59,10 +60,14 @@ def _add_agents(app, cfg: JudgeConfig, processor) -> None:
     groups_topic = app.topic(
         f"{app.conf.id}-{GROUPS_NAME}", value_serializer="raw", key_serializer="raw", partitions=partitions
     )
-    processor.state = app.Table(
-        f"{NAME}-trajectories", default=None, partitions=partitions, value_serializer="json"
-    )
-    processor.groups = app.Table(GROUPS_NAME, default=None, partitions=partitions, value_serializer="json")
+    # use_partitioner: a key's changelog partition comes from the producer's partitioner (murmur2 of
+    # the key bytes), the same as the source topics', so table writes from a batch (take_events)
+    # or a timer land in the right partition without faust's per-event context.
+    table_options = {"partitions": partitions, "use_partitioner": True, "key_serializer": "raw"}
+    trajectories = app.Table(f"{NAME}-trajectories", value_serializer="json", **table_options)
+    groups = app.Table(GROUPS_NAME, value_serializer="json", **table_options)
+    processor.state = BytesKeyed(trajectories)
+    processor.groups = BytesKeyed(groups)
 
     @app.agent(source, name=NAME)
     async def judge(stream):
@@ -106,3 +111,29 @@ async def _publish(app, sink, groups_topic, result) -> None:
         await groups_topic.send(key=group_id.encode(), value=payload)
     for letter in result.dead_letters:
         await dlq.send(key=encode_key(letter), value=encode(letter))
+
+
+class BytesKeyed(MutableMapping):
+    """A str-keyed view of a faust table stored with raw (utf-8 bytes) keys, so the changelog key
+    bytes equal the source topic's key bytes (same partition) and recovered keys read back."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def __getitem__(self, key: str):
+        return self.table[key.encode()]
+
+    def __setitem__(self, key: str, value) -> None:
+        self.table[key.encode()] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.table[key.encode()]
+
+    def __iter__(self) -> Iterator[str]:
+        return (k.decode() if isinstance(k, bytes) else k for k in list(self.table.keys()))
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def get(self, key: str, default=None):
+        return self.table.get(key.encode(), default)

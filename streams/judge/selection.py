@@ -78,6 +78,12 @@ class JudgeRule(BaseModel):
     batch_steps: int = Field(1, ge=1, le=64, description="step mode: steps of one trajectory per call")
     rubrics: list[str] | None = Field(None, description="rubric ids to use instead of the domain's set")
     context_steps: int = Field(5, ge=0, le=50, description="recent steps shown as context")
+    group_size: int | None = Field(
+        None,
+        ge=1,
+        description="group mode: judge a group once this many members ended "
+        "(else metadata.group_size, else after the quiet period)",
+    )
 
     def matches(self, started: EpisodeStarted) -> bool:
         """Whether the filters match this episode (sampling not applied)."""

@@ -1,0 +1,252 @@
+"""The judge's model client: the anthropic SDK's `AsyncAnthropic`, with our own retry policy.
+
+- Bounded concurrency: a semaphore around each HTTP attempt (not around back-off sleeps).
+- Timeouts: `timeout_s` per attempt (the SDK's timeout).
+- Retries: the SDK's own retries are off (`max_retries=0`) so there is one policy, ours: up to
+  `max_attempts` attempts on 408/409/429/5xx (529 "overloaded" included) and connection errors or
+  timeouts, exponential back-off with full jitter, and never less than the server's `retry-after` /
+  `retry-after-ms`. Other 4xx are not retried: the request itself is wrong.
+- Circuit breaker: after `circuit_failures` consecutive failed calls the circuit opens and calls
+  fail at once (kind "circuit_open") for `circuit_reset_s`; then one trial call is let through
+  (half-open) and its outcome closes or re-opens the circuit.
+
+Clock, sleep and randomness are injectable so tests run without real waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from schemas.errors import AgentstreamError
+from streams.judge.config import JudgeConfig
+from streams.judge.prompt import Prompt
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = frozenset({408, 409, 429})
+# Request-specific errors: the endpoint is healthy, our request is not; they do not trip the breaker.
+REQUEST_ERRORS = frozenset({400, 404, 413, 422})
+
+
+class JudgeCallError(AgentstreamError):
+    """A judge call that failed for good (retries exhausted, not retryable, or circuit open)."""
+
+    def __init__(self, reason: str, *, kind: str = "error", attempts: int = 0, status: int | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.kind = kind
+        self.attempts = attempts
+        self.status = status
+
+
+@dataclass(frozen=True)
+class CallResult:
+    text: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    latency_ms: float
+    attempts: int
+    stop_reason: str | None = None
+
+
+class CircuitBreaker:
+    """Closed -> open after N consecutive failures -> half-open after `reset_s` -> closed on success."""
+
+    def __init__(self, failures: int, reset_s: float, clock: Callable[[], float] = time.monotonic):
+        self.threshold = failures
+        self.reset_s = reset_s
+        self.clock = clock
+        self.consecutive = 0
+        self.opened_at: float | None = None
+        self.trial_in_flight = False
+
+    @property
+    def state(self) -> str:
+        if self.opened_at is None:
+            return "closed"
+        return "half_open" if self.clock() - self.opened_at >= self.reset_s else "open"
+
+    def allow(self) -> bool:
+        """Whether a call may go out now (claims the single trial slot when half-open)."""
+        state = self.state
+        if state == "closed":
+            return True
+        if state == "half_open" and not self.trial_in_flight:
+            self.trial_in_flight = True
+            return True
+        return False
+
+    def record_success(self) -> None:
+        if self.opened_at is not None:
+            log.info("judge circuit closed after a successful trial call")
+        self.consecutive = 0
+        self.opened_at = None
+        self.trial_in_flight = False
+
+    def record_failure(self) -> None:
+        self.consecutive += 1
+        was_trial = self.trial_in_flight
+        self.trial_in_flight = False
+        if was_trial or (self.opened_at is None and self.consecutive >= self.threshold):
+            self.opened_at = self.clock()
+            log.warning("judge circuit open after %d consecutive failures", self.consecutive)
+
+
+def backoff_delay(
+    attempt: int, base_s: float, max_s: float, retry_after_s: float | None, rng=random.random
+) -> float:
+    """Seconds to wait before attempt `attempt + 1`: full jitter, at least the server's retry-after.
+
+    >>> backoff_delay(1, 0.5, 30.0, None, rng=lambda: 1.0)
+    0.5
+    >>> backoff_delay(3, 0.5, 30.0, 2.5, rng=lambda: 0.0)
+    2.5
+    """
+    ceiling = min(max_s, base_s * 2 ** (attempt - 1))
+    jittered = ceiling * rng()
+    if retry_after_s is not None:
+        return max(retry_after_s, jittered)
+    return jittered
+
+
+def retry_after_seconds(headers) -> float | None:
+    """`retry-after-ms` or `retry-after` (seconds) from response headers; None when absent/invalid."""
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            return max(0.0, float(raw) * scale)
+        except ValueError:
+            continue
+    return None
+
+
+class JudgeClient:
+    """One Messages-API endpoint, used by every judge call of a worker."""
+
+    def __init__(
+        self,
+        config: JudgeConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
+    ):
+        self.config = config
+        self.clock = clock
+        self.sleep = sleep
+        self.rng = rng
+        self.breaker = CircuitBreaker(config.circuit_failures, config.circuit_reset_s, clock)
+        self._semaphore: asyncio.Semaphore | None = None
+        self._sdk = None
+        self.calls = 0
+        self.http_attempts = 0
+
+    def _client(self):
+        if self._sdk is None:
+            import anthropic
+
+            self._sdk = anthropic.AsyncAnthropic(
+                api_key=self.config.api_key.get_secret_value() if self.config.api_key else None,
+                base_url=self.config.base_url,
+                timeout=self.config.timeout_s,
+                max_retries=0,
+            )
+            self._semaphore = asyncio.Semaphore(self.config.concurrency)
+        return self._sdk
+
+    async def close(self) -> None:
+        if self._sdk is not None:
+            await self._sdk.close()
+            self._sdk = None
+
+    async def complete(self, prompt: Prompt) -> CallResult:
+        """One judge call with retries; raises JudgeCallError when it fails for good."""
+        sdk = self._client()
+        self.calls += 1
+        started = self.clock()
+        for attempt in range(1, self.config.max_attempts + 1):
+            if not self.breaker.allow():
+                raise JudgeCallError("circuit open: the judge endpoint keeps failing", kind="circuit_open")
+            try:
+                message = await self._attempt(sdk, prompt)
+            except Exception as exc:  # sorted into retryable / final just below
+                status, retryable, wait = self._classify(exc)
+                final = not retryable or attempt == self.config.max_attempts
+                if final:
+                    self._record_final_failure(status)
+                    raise JudgeCallError(
+                        _describe(exc, status, attempt), attempts=attempt, status=status
+                    ) from None
+                self.breaker.trial_in_flight = False  # a retry may claim the trial slot again
+                delay = backoff_delay(
+                    attempt, self.config.backoff_base_s, self.config.backoff_max_s, wait, self.rng
+                )
+                log.info(
+                    "judge call attempt %d failed (%s); retrying in %.2fs", attempt, status or exc, delay
+                )
+                await self.sleep(delay)
+                continue
+            self.breaker.record_success()
+            return _result(message, (self.clock() - started) * 1000.0, attempt)
+        raise AssertionError("unreachable")  # the loop always returns or raises
+
+    async def _attempt(self, sdk, prompt: Prompt):
+        assert self._semaphore is not None
+        async with self._semaphore:
+            self.http_attempts += 1
+            return await sdk.messages.create(
+                model=self.config.model,
+                max_tokens=self.config.max_tokens,
+                temperature=self.config.temperature,
+                system=prompt.system,
+                messages=[{"role": "user", "content": prompt.user}],
+            )
+
+    def _classify(self, exc: Exception) -> tuple[int | None, bool, float | None]:
+        import anthropic
+
+        if isinstance(exc, anthropic.APIStatusError):
+            status = exc.status_code
+            retryable = status in RETRYABLE_STATUS or status >= 500
+            return status, retryable, retry_after_seconds(getattr(exc.response, "headers", None))
+        if isinstance(exc, anthropic.APIConnectionError | asyncio.TimeoutError):
+            return None, True, None
+        return None, False, None
+
+    def _record_final_failure(self, status: int | None) -> None:
+        if status in REQUEST_ERRORS:
+            self.breaker.trial_in_flight = False
+        else:
+            self.breaker.record_failure()
+
+
+def _describe(exc: Exception, status: int | None, attempts: int) -> str:
+    what = f"HTTP {status}" if status else type(exc).__name__
+    detail = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return f"{what} after {attempts} attempt(s): {detail}".rstrip(": ")
+
+
+def _result(message, latency_ms: float, attempts: int) -> CallResult:
+    text = "".join(
+        getattr(block, "text", "") for block in message.content if getattr(block, "type", "") == "text"
+    )
+    usage = message.usage
+    return CallResult(
+        text=text,
+        model=message.model,
+        input_tokens=int(getattr(usage, "input_tokens", 0) or 0),
+        output_tokens=int(getattr(usage, "output_tokens", 0) or 0),
+        latency_ms=latency_ms,
+        attempts=attempts,
+        stop_reason=message.stop_reason,
+    )
