@@ -203,3 +203,38 @@ def test_idempotent_appends_match_a_model_across_reopen(tmp_path_factory, steps,
     again = reopened.append(last_batch)
     assert again.duplicate and again.base_offset == last_offset
     assert reopened.high_watermark == len(model)
+
+
+DISK_FULL = textwrap.dedent(
+    """
+    import resource, signal, sys
+    from pathlib import Path
+    from infra.broker.errors import StorageIOError
+    from infra.broker.log import LogConfig, PartitionLog
+    from tests.broker_storage_fixtures.batches import make_batch
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    plog = PartitionLog(Path(sys.argv[1]), LogConfig())
+    resource.setrlimit(resource.RLIMIT_FSIZE, (5000, 5000))
+    acked = 0
+    try:
+        while True:
+            plog.append(make_batch([b"x" * 300]))
+            acked += 1
+    except StorageIOError as exc:
+        print(acked, plog.high_watermark, plog.size_bytes, exc)
+    """
+)
+
+
+def test_disk_full_append_fails_cleanly_and_leaves_no_partial_batch(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", DISK_FULL, str(tmp_path / "t-0")], env=env, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    acked, hw, size, *message = done.stdout.decode().split()
+    assert int(acked) == int(hw) > 0 and "failed" in " ".join(message)
+    segment = last_segment(tmp_path / "t-0")
+    assert segment.stat().st_size == int(size), "the failed append left no bytes behind"
+    recovered = PartitionLog(tmp_path / "t-0", LogConfig())
+    assert [v for _, v in read_all(recovered)] == [b"x" * 300] * int(acked)

@@ -56,3 +56,7 @@ class UnknownTopicError(BrokerStorageError):
 
 class UnknownPartitionError(UnknownTopicError):
     """A partition index outside the topic's range (Kafka: UNKNOWN_TOPIC_OR_PARTITION, 3)."""
+
+
+class StorageIOError(BrokerStorageError):
+    """A write or fsync of the log failed (disk full, I/O error) (Kafka: KAFKA_STORAGE_ERROR, 56)."""

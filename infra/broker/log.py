@@ -42,6 +42,7 @@ from infra.broker.errors import (
     InvalidRecordError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
+    StorageIOError,
 )
 from infra.broker.producer_state import (
     ProducerEntry,
@@ -68,6 +69,7 @@ __all__ = [
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "PartitionLog",
+    "StorageIOError",
     "fsync_dir",
     "write_file_atomic",
 ]
@@ -342,7 +344,10 @@ class PartitionLog:
                         pending[pid] = entry.copy() if entry is not None else ProducerEntry(epoch)
                     record_batch(pending, pid, epoch, (base_seq, last_seq, offset, offset + delta), 0)
                 offset += delta + 1
-            return self._write(records, batches, pending, sync)
+            try:
+                return self._write(records, batches, pending, sync)
+            except OSError as exc:  # disk full, I/O error: the client gets KAFKA_STORAGE_ERROR
+                raise StorageIOError(f"append to {self.directory.name} failed: {exc}") from exc
 
     def _write(self, records, batches: list[tuple], pending: dict[int, ProducerEntry], sync) -> AppendResult:
         buf = bytearray(records)
@@ -375,9 +380,9 @@ class PartitionLog:
         try:
             while done < len(buf):
                 done += os.write(seg.fd, view[done:])
-        except OSError as exc:
+        except OSError:
             os.ftruncate(seg.fd, seg.size)  # never leave half a batch behind a failed append
-            raise BrokerStorageError(f"append to {seg.log_path} failed: {exc}") from exc
+            raise
 
     def _roll(self) -> Segment:
         old = self._segments[-1]
