@@ -1,16 +1,18 @@
 """A producer process for the kill -9 tests: `record` spools steps, `deliver` delivers a spool.
 
     python -m tests.producers_fixtures.record_steps record BOOTSTRAP DATA_DIR TRAJECTORIES STEPS
-    python -m tests.producers_fixtures.record_steps deliver BOOTSTRAP DATA_DIR [--slow]
+    python -m tests.producers_fixtures.record_steps deliver BOOTSTRAP DATA_DIR [--die-after N]
 
-`--slow` pauses 50 ms after each acknowledged chunk *before* the cursor moves, so a kill -9 lands
-inside the in-doubt window (acknowledged by the broker, not yet recorded as delivered).
+`--die-after N` sends SIGKILL to this very process right after the broker acknowledged the N-th
+chunk and *before* the spool cursor moved: a kill -9 inside the in-doubt window, deterministically.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import sys
-import time
 
 from producers.delivery import SpoolDelivery
 from producers.recorder import AgentRecorder
@@ -29,15 +31,19 @@ def record(bootstrap: str, data_dir: str, trajectories: int, steps: int) -> int:
     return 0 if ok else 1
 
 
-def deliver(bootstrap: str, data_dir: str, slow: bool) -> int:
-    if slow:
+def deliver(bootstrap: str, data_dir: str, die_after: int | None) -> int:
+    if die_after is not None:
         original = SpoolDelivery._send
+        chunks = []
 
-        def slow_send(self, records):
+        def send_then_die(self, records):
             original(self, records)
-            time.sleep(0.05)
+            chunks.append(len(records))
+            if len(chunks) >= die_after:
+                print("KILLING MYSELF after", sum(chunks), "acknowledged records", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
 
-        SpoolDelivery._send = slow_send
+        SpoolDelivery._send = send_then_die
     rec = AgentRecorder(bootstrap, data_dir, agent="kill9", chunk_records=10)
     print("DELIVERING", rec.pending, flush=True)
     ok = rec.flush(60)
@@ -47,7 +53,8 @@ def deliver(bootstrap: str, data_dir: str, slow: bool) -> int:
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     mode, bootstrap, data_dir, *rest = sys.argv[1:]
     if mode == "record":
         sys.exit(record(bootstrap, data_dir, int(rest[0]), int(rest[1])))
-    sys.exit(deliver(bootstrap, data_dir, "--slow" in rest))
+    sys.exit(deliver(bootstrap, data_dir, int(rest[1]) if rest[:1] == ["--die-after"] else None))
