@@ -74,6 +74,8 @@ def convert_file(
         report.format = detect_format(doc) if fmt == "auto" else fmt
         for item in adapter_for(report.format).parse(doc):
             _take(report, item, doc, overrides)
+        if not report.events and not report.rejections:
+            raise AdapterError(f"{path}: no episodes found in this {report.format} file")
     except AdapterError as exc:
         reason = str(exc)
         report.rejections.append(

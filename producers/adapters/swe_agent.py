@@ -74,7 +74,7 @@ def parse(doc: Document) -> Iterator[EpisodeDraft | Rejection]:
     value = doc.value
     if not isinstance(value, dict):
         raise AdapterError(f"{doc.path}: a SWE-agent .traj is a JSON object, got {describe(value)}")
-    if "trajectory" in value:
+    if "trajectory" in value or not isinstance(value.get("attempts"), list):
         yield _episode(doc, value, key="0", where="")
         return
     for index, attempt in enumerate(value.get("attempts") or []):
