@@ -154,3 +154,17 @@ def test_compacted_topics_are_never_trimmed_by_retention(tmp_path):
         plog.append(make_batch([b"state" * 60], timestamp_ms=1_000))
     assert store.apply_retention(now_ms=10**13) == 0
     assert plog.log_start_offset == 0 and len(read_all(plog)) == 12
+
+
+def test_a_damaged_topics_file_is_a_clear_error(tmp_path):
+    from infra.broker.errors import BrokerStorageError
+
+    (tmp_path / "topics.json").write_text('{"topics": {"t": {"partitions": 1}}}')
+    with pytest.raises(BrokerStorageError, match=r"topics\.json: not a valid topics file"):
+        BrokerStore(tmp_path, LogConfig())
+
+
+def test_create_topic_ignores_null_config_values(tmp_path):
+    store = BrokerStore(tmp_path, LogConfig())
+    meta = store.create_topic("t", 1, {"retention.ms": None, "segment.bytes": 2048})
+    assert meta.configs == {"segment.bytes": "2048"}

@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.broker.errors import (
+    BrokerStorageError,
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidTopicError,
+    StorageIOError,
     TopicExistsError,
     UnknownPartitionError,
     UnknownTopicError,
@@ -141,8 +143,11 @@ class BrokerStore:
         path = self.data_dir / TOPICS_FILE
         if not path.exists():
             return {}
-        data = json.loads(path.read_bytes())
-        return {name: TopicMeta.from_json(name, t) for name, t in data["topics"].items()}
+        try:
+            data = json.loads(path.read_bytes())
+            return {name: TopicMeta.from_json(name, t) for name, t in data["topics"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise BrokerStorageError(f"{path}: not a valid topics file ({exc!r}); fix or restore it") from exc
 
     def _save_topics(self) -> None:
         data = {"topics": {name: meta.to_json() for name, meta in self._topics.items()}}
@@ -172,7 +177,7 @@ class BrokerStore:
     def create_topic(self, name: str, partitions: int, configs: dict[str, str] | None = None) -> TopicMeta:
         """Create a topic; TopicExistsError, InvalidTopicError, InvalidPartitionsError, InvalidConfigError."""
         validate_topic_name(name)
-        configs = {k: str(v) for k, v in (configs or {}).items()}
+        configs = {k: str(v) for k, v in (configs or {}).items() if v is not None}
         if not isinstance(partitions, int) or partitions < 1:
             raise InvalidPartitionsError(f"partitions: must be at least 1 (got {partitions!r})")
         with self._lock:
@@ -254,10 +259,11 @@ class BrokerStore:
 
     def _replay_offsets_line(self, path: Path, n: int, line: bytes) -> None:
         try:
-            entry = json.loads(line)
-        except ValueError:
-            log.warning("%s line %d: unreadable (torn write?), ignored: %r", path, n, line[:80])
-            return
+            self._apply_offsets_entry(json.loads(line))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("%s line %d: unreadable (torn write?), ignored (%s): %r", path, n, exc, line[:80])
+
+    def _apply_offsets_entry(self, entry: dict) -> None:
         if "drop_topic" in entry:
             for offsets in self._offsets.values():
                 for key in [k for k in offsets if k[0] == entry["drop_topic"]]:
@@ -294,7 +300,10 @@ class BrokerStore:
             return
         rows = [[t, int(p), int(o), m, int(e)] for (t, p), (o, m, e) in offsets.items()]
         with self._lock:
-            self._append_offsets_line({"g": group, "c": rows})
+            try:
+                self._append_offsets_line({"g": group, "c": rows})
+            except OSError as exc:
+                raise StorageIOError(f"commit of offsets for group {group!r} failed: {exc}") from exc
             stored = self._offsets.setdefault(group, {})
             for t, p, o, m, e in rows:
                 stored[(t, p)] = (o, m, e)
