@@ -69,6 +69,7 @@ def test_kafka_python_group_consumer_and_offsets_survive_restart(broker):
     assert sorted(r.value for r in records) == sorted(first)
 
     broker.restart()
+    assert "storage flushed and closed" in broker.proc.log_text(), "SIGTERM shuts down cleanly"
     later = [b"late-%d" % i for i in range(10)]
     produce(broker.bootstrap, "orders", later)
     consumer = KafkaConsumer("orders", bootstrap_servers=broker.bootstrap, **group)
@@ -116,6 +117,14 @@ def test_two_consumers_split_partitions_and_survivor_takes_over(broker):
     try:
         wait_for(lambda: len(one.assigned) == 2 and len(two.assigned) == 2, 30, what="a 2+2 split")
         assert one.assigned.isdisjoint(two.assigned)
+        admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        try:
+            described = admin.describe_groups(["workers"])["workers"]
+            listed = admin.list_groups()
+        finally:
+            admin.close()
+        assert described["group_state"] == "Stable" and len(described["members"]) == 2
+        assert {"group_id": "workers", "protocol_type": "consumer", "group_state": "Stable"} in listed
         two.stop()
         wait_for(lambda: one.assigned == {0, 1, 2, 3}, 30, what="the survivor to own all partitions")
         values = [b"job-%d" % i for i in range(40)]

@@ -141,6 +141,8 @@ class GroupCoordinator:
     # -- JoinGroup -------------------------------------------------------------------------------
 
     async def join(self, request: JoinRequest) -> JoinResult:
+        if not request.group_id:
+            return JoinResult(ErrorCode.INVALID_GROUP_ID, request.member_id or "")
         group = self.groups.setdefault(request.group_id, Group(request.group_id))
         error = self._join_error(group, request)
         if error is not None:
@@ -163,8 +165,6 @@ class GroupCoordinator:
         return await future
 
     def _join_error(self, group: Group, request: JoinRequest) -> int | None:
-        if not request.group_id:
-            return ErrorCode.INVALID_GROUP_ID
         cfg = self.config
         if not cfg.min_session_timeout_ms <= request.session_timeout_ms <= cfg.max_session_timeout_ms:
             return ErrorCode.INVALID_SESSION_TIMEOUT

@@ -239,7 +239,7 @@ def _all_groups(state: BrokerState) -> list[tuple[str, str, str]]:
     }
     for group_id in state.store.groups_with_offsets():
         rows.setdefault(group_id, (GroupState.EMPTY.value, "consumer"))
-    return [(group_id, *rows[group_id]) for group_id in sorted(rows)]
+    return [(group_id, *rows[group_id]) for group_id in sorted(rows, key=str)]
 
 
 async def handle_describe_groups(state: BrokerState, req: Request):
