@@ -168,3 +168,13 @@ def test_create_topic_ignores_null_config_values(tmp_path):
     store = BrokerStore(tmp_path, LogConfig())
     meta = store.create_topic("t", 1, {"retention.ms": None, "segment.bytes": 2048})
     assert meta.configs == {"segment.bytes": "2048"}
+
+
+def test_a_second_store_on_the_same_directory_is_refused(tmp_path):
+    from infra.broker.errors import BrokerStorageError
+
+    store = BrokerStore(tmp_path, LogConfig())
+    with pytest.raises(BrokerStorageError, match=r"in use by another broker \(pid \d+\)"):
+        BrokerStore(tmp_path, LogConfig())
+    store.close()
+    BrokerStore(tmp_path, LogConfig()).close()

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "group_offsets.jsonl"
 PRODUCER_IDS_FILE = "producer_ids.json"
+LOCK_FILE = ".lock"
 PRODUCER_ID_BLOCK = 1000
 MAX_TOPIC_NAME = 249
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
@@ -129,14 +130,22 @@ class BrokerStore:
         self.default_config = default_config or LogConfig()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._topics: dict[str, TopicMeta] = self._load_topics()
+        self._dir_lock = _lock_data_dir(self.data_dir)
         self._logs: dict[tuple[str, int], PartitionLog] = {}
-        for meta in self._topics.values():
-            self._open_logs(meta)
-        self._warn_orphans()
-        self._offsets: dict[str, dict[OffsetKey, OffsetValue]] = {}
-        self._offsets_fh = self._open_offsets()
-        self._next_pid, self._pid_limit = self._load_producer_ids()
+        try:
+            self._topics: dict[str, TopicMeta] = self._load_topics()
+            for meta in self._topics.values():
+                self._open_logs(meta)
+            self._warn_orphans()
+            self._offsets: dict[str, dict[OffsetKey, OffsetValue]] = {}
+            self._offsets_fh = self._open_offsets()
+            self._next_pid, self._pid_limit = self._load_producer_ids()
+        except BaseException:
+            for partition_log in self._logs.values():
+                partition_log.close()
+            if self._dir_lock is not None:
+                self._dir_lock.close()
+            raise
 
     # -- topics
     def _load_topics(self) -> dict[str, TopicMeta]:
@@ -360,3 +369,31 @@ class BrokerStore:
                 pl.close()
             if not self._offsets_fh.closed:
                 self._offsets_fh.close()
+            if self._dir_lock is not None:
+                self._dir_lock.close()
+
+
+def _lock_data_dir(data_dir: Path):
+    """Hold an exclusive lock on the data directory: two brokers writing one log would corrupt it.
+
+    The OS drops the lock when the process dies (kill -9 included). None where fcntl is missing.
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks here
+        return None
+    fh = open(data_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held for the store's lifetime
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        holder = fh.read().strip() or "?"
+        fh.close()
+        raise BrokerStorageError(
+            f"data directory {data_dir} is in use by another broker (pid {holder}); stop it or use another"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(str(os.getpid()))
+    fh.flush()
+    return fh

@@ -62,3 +62,5 @@ def crash_store(store) -> None:
     for partition_log in store._logs.values():
         crash(partition_log)
     store._offsets_fh.close()
+    if store._dir_lock is not None:  # the OS releases a dead process's lock
+        store._dir_lock.close()
