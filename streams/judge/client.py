@@ -179,7 +179,9 @@ class JudgeClient:
                 raise JudgeCallError("circuit open: the judge endpoint keeps failing", kind="circuit_open")
             try:
                 message = await self._attempt(sdk, prompt)
-            except Exception as exc:  # sorted into retryable / final just below
+            except Exception as exc:
+                if not _is_call_error(exc):
+                    raise  # a bug, not an endpoint failure: never turned into a failure event
                 status, retryable, wait = self._classify(exc)
                 final = not retryable or attempt == self.config.max_attempts
                 if final:
@@ -204,12 +206,15 @@ class JudgeClient:
         assert self._semaphore is not None
         async with self._semaphore:
             self.http_attempts += 1
+            # temperature goes in the body only when configured: the SDK no longer types it and
+            # some newer models refuse it.
+            extra = {"temperature": self.config.temperature} if self.config.temperature is not None else None
             return await sdk.messages.create(
                 model=self.config.model,
                 max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
                 system=prompt.system,
                 messages=[{"role": "user", "content": prompt.user}],
+                extra_body=extra,
             )
 
     def _classify(self, exc: Exception) -> tuple[int | None, bool, float | None]:
@@ -228,6 +233,12 @@ class JudgeClient:
             self.breaker.trial_in_flight = False
         else:
             self.breaker.record_failure()
+
+
+def _is_call_error(exc: Exception) -> bool:
+    import anthropic
+
+    return isinstance(exc, anthropic.APIError | asyncio.TimeoutError)
 
 
 def _describe(exc: Exception, status: int | None, attempts: int) -> str:

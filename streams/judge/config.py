@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "claude-sonnet-4-5"
+DEFAULT_MODEL = "claude-sonnet-4-6"
 
 
 class ModelPrice(BaseModel):
@@ -27,13 +27,15 @@ class ModelPrice(BaseModel):
     output_per_mtok: float = Field(ge=0.0)
 
 
-# Public list prices (USD / Mtok) at the time of writing; override with AGENTSTREAM_JUDGE_PRICES (JSON).
+# List prices (USD / Mtok) as known when written; VERIFY against the provider's price page and
+# override with AGENTSTREAM_JUDGE_PRICES='{"model": {"input_per_mtok": x, "output_per_mtok": y}}'.
+# Dated ids fall back to their family by prefix (see `price_for`).
 DEFAULT_PRICES: dict[str, ModelPrice] = {
-    "claude-opus-4-1": ModelPrice(input_per_mtok=15.0, output_per_mtok=75.0),
+    "claude-sonnet-4-6": ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0),
     "claude-sonnet-4-5": ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0),
-    "claude-sonnet-4-20250514": ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0),
     "claude-haiku-4-5": ModelPrice(input_per_mtok=1.0, output_per_mtok=5.0),
-    "claude-3-5-haiku-latest": ModelPrice(input_per_mtok=0.8, output_per_mtok=4.0),
+    "claude-opus-4-5": ModelPrice(input_per_mtok=5.0, output_per_mtok=25.0),
+    "claude-opus-4-1": ModelPrice(input_per_mtok=15.0, output_per_mtok=75.0),
 }
 
 
@@ -50,7 +52,7 @@ class JudgeConfig(BaseSettings):
     rules_path: Path | None = Field(None, description="judge rules file (YAML/JSON); None = judge nothing")
     rubrics_path: Path | None = Field(None, description="rubric overrides per domain (YAML/JSON)")
     max_tokens: int = Field(1024, ge=16)
-    temperature: float = Field(0.0, ge=0.0, le=1.0)
+    temperature: float | None = Field(None, ge=0.0, le=1.0, description="sent only when set")
     concurrency: int = Field(32, ge=1, description="judge calls in flight per worker")
     timeout_s: float = Field(60.0, gt=0.0, description="per HTTP attempt")
     max_attempts: int = Field(5, ge=1, description="attempts per call, first one included")
