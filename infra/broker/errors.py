@@ -60,3 +60,14 @@ class UnknownPartitionError(UnknownTopicError):
 
 class StorageIOError(BrokerStorageError):
     """A write or fsync of the log failed (disk full, I/O error) (Kafka: KAFKA_STORAGE_ERROR, 56)."""
+
+
+# -- network layer (server, protocol, handlers) ---------------------------------------------------
+
+
+class BrokerProtocolError(AgentstreamError):
+    """Root of the network layer's errors: a client sent something the broker cannot serve."""
+
+
+class MalformedRequestError(BrokerProtocolError):
+    """A frame that cannot be a Kafka request (the connection that sent it is closed)."""

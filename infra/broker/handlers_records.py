@@ -33,16 +33,16 @@ log = logging.getLogger(__name__)
 EARLIEST = -2
 LATEST = -1
 MAX_TIMESTAMP = -3
-INVALID_RECORD = 87
 NO_TRANSACTIONS = "transactions are not supported by the embedded broker (transactional_id={!r})"
 
 # order matters: subclasses first
 APPEND_ERRORS: tuple[tuple[type[Exception], int], ...] = (
     (errors.CorruptRecordError, ErrorCode.CORRUPT_MESSAGE),
-    (errors.InvalidRecordError, INVALID_RECORD),
+    (errors.InvalidRecordError, ErrorCode.INVALID_RECORD),
     (errors.OutOfOrderSequenceError, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
     (errors.InvalidProducerEpochError, ErrorCode.INVALID_PRODUCER_EPOCH),
     (errors.UnknownTopicError, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+    (errors.StorageIOError, ErrorCode.KAFKA_STORAGE_ERROR),
 )
 
 

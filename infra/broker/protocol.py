@@ -73,7 +73,7 @@ from kafka.protocol.producer import (
     TxnOffsetCommitResponse,
 )
 
-from schemas.errors import AgentstreamError as BrokerError
+from infra.broker.errors import MalformedRequestError
 
 
 class ErrorCode(enum.IntEnum):
@@ -107,6 +107,8 @@ class ErrorCode(enum.IntEnum):
     DUPLICATE_SEQUENCE_NUMBER = 46
     INVALID_PRODUCER_EPOCH = 47
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    KAFKA_STORAGE_ERROR = 56
+    INVALID_RECORD = 87
     UNKNOWN_SERVER_ERROR = -1
     GROUP_ID_NOT_FOUND = 69
     UNKNOWN_TOPIC_ID = 100
@@ -177,10 +179,6 @@ LEAN_PROFILE: dict[int, tuple[int, int]] = {
 }
 
 _HEADER = struct.Struct(">hhi")
-
-
-class MalformedRequestError(BrokerError):
-    """A frame that cannot be a Kafka request (the connection that sent it is closed)."""
 
 
 @dataclass(frozen=True)
