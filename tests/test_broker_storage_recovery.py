@@ -238,3 +238,12 @@ def test_disk_full_append_fails_cleanly_and_leaves_no_partial_batch(tmp_path):
     assert segment.stat().st_size == int(size), "the failed append left no bytes behind"
     recovered = PartitionLog(tmp_path / "t-0", LogConfig())
     assert [v for _, v in read_all(recovered)] == [b"x" * 300] * int(acked)
+
+
+def test_recovery_benchmark_helper_reports_a_correct_recovery(tmp_path):
+    from infra.broker.recovery_bench import measure_recovery
+
+    figures = measure_recovery(tmp_path, 3_000_000, segment_bytes=1_000_000)
+    assert figures["correct"] is True
+    assert figures["segments"] >= 3 and figures["total_bytes"] >= 3_000_000
+    assert figures["scanned_bytes"] < figures["total_bytes"], "only the last segment is rescanned"
