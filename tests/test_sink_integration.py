@@ -25,7 +25,16 @@ from schemas.events import (
     TrajectoryScored,
 )
 from schemas.topics import AGENT_EVENTS, DLQ
-from tests.sink_fixtures.harness import group_caught_up, publish, reader, rows, scalar, snapshot, start_sink
+from tests.sink_fixtures.harness import (
+    group_caught_up,
+    group_members,
+    publish,
+    reader,
+    rows,
+    scalar,
+    snapshot,
+    start_sink,
+)
 from tests.support.processes import AGENTSTREAM, wait_for
 
 pytestmark = pytest.mark.integration
@@ -157,3 +166,176 @@ def test_events_land_in_their_tables_and_poison_goes_to_dead_letters(broker, cli
         client.close()
     finally:
         sink.proc.stop()
+
+
+# --- replay, kill -9 and the leaderboard --------------------------------------------------------
+
+MODELS = {"m-good": 0.8, "m-mid": 0.6, "m-bad": 0.4}
+DOMAINS = ("code", "web")
+PER_GROUP = 10
+STEPS = 5
+
+
+def _workload(seed: int = 3):
+    """Events of 60 trajectories, and the truth: (domain, model) -> [(success, final reward)]."""
+    rng = np.random.default_rng(seed)
+    events, truth = [], {}
+    for domain in DOMAINS:
+        for model, mean in MODELS.items():
+            for i in range(PER_GROUP):
+                tid = f"{domain}-{model}-{i}"
+                reward = float(np.clip(rng.normal(mean, 0.1), 0, 1))
+                success = bool(rng.random() < mean)
+                truth.setdefault((domain, model), []).append((success, reward))
+                events += _trajectory(tid, domain, model, success, reward)
+    return events, truth
+
+
+def _trajectory(tid, domain, model, success, reward):
+    out = [
+        EpisodeStarted(task_id=tid[:-2], domain=domain, model=model, agent="agent", **_env(tid, f"{tid}-s"))
+    ]
+    for k in range(STEPS):
+        out.append(
+            StepRecorded(step_index=k, tool="bash", observation="o" * 200, **_env(tid, f"{tid}-{k}", k + 1))
+        )
+        out.append(
+            RuleRewardStep(
+                step_index=k,
+                score=0.5,
+                reward_version="r1",
+                source_event_id=f"{tid}-{k}",
+                domain=domain,
+                **_env(tid, f"{tid}-r{k}", k + 1),
+            )
+        )
+    out.append(EpisodeEnded(success=success, score=reward, total_steps=STEPS, **_env(tid, f"{tid}-e", 9)))
+    scored = {
+        "task_id": tid[:-2],
+        "domain": domain,
+        "model": model,
+        "success": success,
+        "total_steps": STEPS,
+        "steps": [ScoredStep(step_index=k, process_score=0.5) for k in range(STEPS)],
+    }
+    # the final revision is published first: the revision number, not arrival order, must win
+    out.append(TrajectoryScored(revision=1, total_reward=reward, **scored, **_env(tid, f"{tid}-t1", 11)))
+    out.append(TrajectoryScored(revision=0, total_reward=reward / 2, **scored, **_env(tid, f"{tid}-t0", 10)))
+    return out
+
+
+def _expected_leaderboard(truth) -> dict:
+    expected = {}
+    for domain in DOMAINS:
+        groups = {m: np.array([r for _, r in truth[(domain, m)]]) for m in MODELS}
+        best = max(groups, key=lambda m: groups[m].mean())
+        raw = {
+            m: stats.ttest_ind(groups[m], groups[best], equal_var=False).pvalue for m in groups if m != best
+        }
+        order = sorted(raw, key=raw.get)
+        holm, running = {}, 0.0
+        for rank, m in enumerate(order):
+            running = max(running, min(1.0, (len(order) - rank) * raw[m]))
+            holm[m] = running
+        rng = np.random.default_rng(999)
+        for m, x in groups.items():
+            means = x[rng.integers(0, x.size, (5000, x.size))].mean(axis=1)
+            expected[(domain, m)] = {
+                "episodes": x.size,
+                "success_rate": float(np.mean([s for s, _ in truth[(domain, m)]])),
+                "mean_reward": float(x.mean()),
+                "ci95": tuple(np.percentile(means, [2.5, 97.5])),
+                "p": raw.get(m, math.nan),
+                "p_holm": holm.get(m, math.nan),
+                "best": m == best,
+            }
+    return expected
+
+
+def _cli_leaderboard(url: str) -> list[dict]:
+    out = subprocess.run(
+        [*AGENTSTREAM, "leaderboard", "--clickhouse-url", url, "--by", "model", "--format", "json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def _publish_slowly(bootstrap, events, chunks=8):
+    size = math.ceil(len(events) / chunks)
+    for start in range(0, len(events), size):
+        publish(bootstrap, events[start : start + size])
+        time.sleep(0.3)
+
+
+def test_kill9_replay_and_leaderboard(broker, clickhouse_url, tmp_path):
+    events, truth = _workload()
+    n_traj = len(DOMAINS) * len(MODELS) * PER_GROUP
+    first = start_sink(broker.bootstrap, clickhouse_url, tmp_path / "sink", name="first")
+    publisher = threading.Thread(target=_publish_slowly, args=(broker.bootstrap, events))
+    publisher.start()
+    client = reader(clickhouse_url)
+    wait_for(lambda: scalar(client, "SELECT count() FROM agentstream.events") >= len(events) // 5,
+             timeout_s=60, what="part of the load to be written")  # fmt: skip
+    client.close()
+    first.proc.kill9()  # mid-load: some batches written but not committed, some not written at all
+    publisher.join()
+    # the killed member leaves the group when its session expires (--session-timeout-ms, 10 s)
+    wait_for(
+        lambda: group_members(broker.bootstrap) == 0,
+        timeout_s=30,
+        what="the killed member's session to expire",
+    )
+
+    second = start_sink(broker.bootstrap, clickhouse_url, tmp_path / "sink", name="second")
+    try:
+        wait_for(lambda: group_caught_up(broker.bootstrap), timeout_s=90, what="the sink to catch up")
+        client = reader(clickhouse_url)
+        # nothing lost, nothing duplicated in the deduplicated views
+        assert rows(client, "SELECT count(), uniqExact(event_id) FROM agentstream.events FINAL") == [
+            (len(events), len(events))
+        ]
+        assert scalar(client, "SELECT count() FROM agentstream.steps FINAL") == n_traj * STEPS
+        assert scalar(client, "SELECT count() FROM agentstream.rule_rewards FINAL") == n_traj * STEPS
+        assert scalar(client, "SELECT count() FROM agentstream.episodes FINAL WHERE success IS NOT NULL "
+                              "AND domain IS NOT NULL") == n_traj  # fmt: skip
+        final = dict(
+            rows(client, "SELECT trajectory_id, (revision, total_reward) FROM agentstream.trajectories FINAL")
+        )
+        assert len(final) == n_traj
+        assert final["code-m-good-0"] == (1, pytest.approx(truth[("code", "m-good")][0][1]))
+        before = snapshot(client)
+        board_before = _cli_leaderboard(clickhouse_url)
+        client.close()
+    finally:
+        second.proc.stop()
+
+    expected = _expected_leaderboard(truth)
+    assert len(board_before) == len(expected)
+    for row in board_before:
+        want = expected[(row["domain"], row["model"])]
+        assert row["episodes"] == want["episodes"]
+        assert row["success_rate"] == pytest.approx(want["success_rate"])
+        assert row["mean_reward"] == pytest.approx(want["mean_reward"], abs=1e-9)
+        assert row["ci95_low"] == pytest.approx(want["ci95"][0], abs=0.02)
+        assert row["ci95_high"] == pytest.approx(want["ci95"][1], abs=0.02)
+        if want["best"]:
+            assert row["significant"] == "best"
+        else:
+            assert row["p_vs_best_welch"] == pytest.approx(want["p"], rel=1e-6)
+            assert row["p_holm"] == pytest.approx(want["p_holm"], rel=1e-6)
+
+    replay = start_sink(
+        broker.bootstrap, clickhouse_url, tmp_path / "sink", "--from-beginning", name="replay"
+    )
+    try:
+        wait_for(lambda: group_caught_up(broker.bootstrap), timeout_s=90, what="the replay to finish")
+        client = reader(clickhouse_url)
+        after = snapshot(client)
+        board_after = _cli_leaderboard(clickhouse_url)
+        client.close()
+    finally:
+        replay.proc.stop()
+    assert f"'records': {len(events)}" in replay.proc.log_text()  # it really consumed everything again
+    for table in before:
+        assert after[table] == before[table], table
+    assert board_after == board_before

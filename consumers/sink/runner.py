@@ -42,6 +42,7 @@ class SinkConfig:
     max_retry_s: float = 300.0
     from_beginning: bool = False
     endpoint_port: int = 0
+    session_timeout_ms: int = 10_000
 
 
 class SinkWorker:
@@ -194,6 +195,8 @@ def make_consumer(config: SinkConfig, listener):
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         max_poll_records=config.batch_rows,
+        session_timeout_ms=config.session_timeout_ms,
+        heartbeat_interval_ms=max(1000, config.session_timeout_ms // 3),
     )
     consumer.subscribe(topics=list(config.topics), listener=listener)
     return consumer

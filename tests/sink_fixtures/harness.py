@@ -88,7 +88,7 @@ def group_caught_up(bootstrap: str, group: str = "agentstream-sink") -> bool:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     try:
-        committed = admin.list_consumer_group_offsets(group)
+        committed = admin.list_group_offsets(group).get(group, {})
         parts = [TopicPartition(t, p) for t in TOPICS for p in sorted(consumer.partitions_for_topic(t) or ())]
         ends = consumer.end_offsets(parts)
     finally:
@@ -112,3 +112,15 @@ def snapshot(client) -> dict[str, list[tuple]]:
         listed = ", ".join(f"toString({c})" for c in columns)
         out[table] = rows(client, f"SELECT {listed} FROM agentstream.{table} FINAL ORDER BY {key}, {listed}")
     return out
+
+
+def group_members(bootstrap: str, group: str = "agentstream-sink") -> int:
+    """How many members the consumer group has now (0 once a killed member's session expired)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        described = admin.describe_groups([group]).get(group, {})
+    finally:
+        admin.close()
+    return len(described.get("members") or [])
