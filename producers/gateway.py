@@ -39,6 +39,7 @@ import orjson
 from producers.errors import ProducerError
 from schemas.codec import encode, encode_key, validate
 from schemas.errors import DecodeError
+from schemas.events import EVENT_MODELS
 from schemas.topics import DLQ, topic_for
 
 log = logging.getLogger(__name__)
@@ -156,16 +157,14 @@ def check_events(items: list[Any]) -> tuple[list, list[dict]]:
     """
     events, errors = [], []
     for index, item in enumerate(items):
+        if isinstance(item, dict) and item.get("type") in EVENT_MODELS and item["type"] not in ACCEPTED_TYPES:
+            message = f"not accepted by the gateway (accepted: {', '.join(ACCEPTED_TYPES)})"
+            errors.append(_error(index, "type", item["type"], message))
+            continue
         try:
-            event = validate(item, strict=True)
+            events.append(validate(item, strict=True))
         except DecodeError as exc:
             errors.extend(_error(index, e.field, e.value, e.message) for e in exc.errors)
-            continue
-        if event.type not in ACCEPTED_TYPES:
-            message = f"not accepted by the gateway (accepted: {', '.join(ACCEPTED_TYPES)})"
-            errors.append(_error(index, "type", event.type, message))
-            continue
-        events.append(event)
     return events, errors
 
 
