@@ -288,3 +288,20 @@ def test_agentstream_jsonl_rejects_a_bad_line_keeps_the_rest(tmp_path):
     assert len(report.events) == 4
     [rejection] = report.rejections
     assert rejection.where.endswith("line 3") and "occurred_at" in rejection.reason
+
+
+def test_later_user_messages_are_kept_in_metadata(tmp_path):
+    import orjson
+
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    messages = [
+        {"role": "user", "content": "count files"},
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a b"},
+        {"role": "user", "content": "also hidden ones"},
+    ]
+    path = tmp_path / "chat.json"
+    path.write_bytes(orjson.dumps({"messages": messages}))
+    [(started, [step], _)] = episodes(convert_file(path, path.read_bytes(), MTIME))
+    assert step.observation == "a b" and step.params == {"command": "ls"}
+    assert started.metadata["later_user_messages"] == ["also hidden ones"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from producers.adapters.base import load_document
-from producers.adapters.detect import ADAPTERS, detect_format, scores
+from producers.adapters.detect import ADAPTERS, FORMATS, detect_format, scores
 from producers.adapters.ingest import convert_file
 from tests.support.processes import AGENTSTREAM, REPO
 
@@ -125,3 +125,12 @@ def test_dry_run_cli_all_valid_exits_zero():
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("ingest: 3 files (3 ok, 0 with rejections), 4 episodes, 13 steps")
     assert "dry run: nothing published" in result.stdout
+
+
+def test_cli_format_choices_match_the_adapters():
+    from infra.cli import build_parser
+
+    parser = build_parser()
+    ingest = parser._subparsers._group_actions[0].choices["ingest"]
+    [fmt] = [a for a in ingest._actions if a.dest == "format"]
+    assert set(fmt.choices) == set(FORMATS)

@@ -181,6 +181,8 @@ def _claude_code_episode(doc: Document) -> EpisodeDraft:
     metadata: dict[str, Any] = {"claude_code_version": version} if version else {}
     if skipped:
         metadata["skipped_entries"] = dict(sorted(skipped.items()))
+    if walk.later_user_messages:
+        metadata["later_user_messages"] = walk.later_user_messages
     draft = EpisodeDraft(
         key="0",
         task_id=session or doc.stem,
@@ -233,6 +235,7 @@ class _Walk:
         self.steps: list[StepDraft] = []
         self.task = ""
         self.model = ""
+        self.later_user_messages: list[str] = []
         self._results = {
             b.get("tool_use_id"): b for t in turns for b in t.blocks if b.get("type") == "tool_result"
         }
@@ -252,6 +255,8 @@ class _Walk:
                 self.task = text
             elif last_reply is not None and not last_reply.observation:
                 last_reply.observation = text
+            else:
+                self.later_user_messages.append(text)
             last_reply = None
 
     def _assistant(self, turn: _Turn) -> list[StepDraft]:

@@ -74,7 +74,7 @@ def parse(doc: Document) -> Iterator[EpisodeDraft | Rejection]:
                 f"{doc.path}: messages[{i}] must be an object with a role, got {describe(message)}"
             )
     info = value.get("info") if isinstance(value.get("info"), dict) else {}
-    steps, naive = _steps(messages)
+    steps = _steps(messages)
     draft = EpisodeDraft(
         key="0",
         task_id=str(value.get("instance_id") or doc.stem),
@@ -83,7 +83,7 @@ def parse(doc: Document) -> Iterator[EpisodeDraft | Rejection]:
         agent="mini-swe-agent",
         model=_model_name(info),
         steps=steps,
-        metadata=_metadata(value, info, naive),
+        metadata=_metadata(value, info),
     )
     _apply_outcome(draft, info)
     yield draft
@@ -102,8 +102,8 @@ def _model_name(info: dict) -> str:
     return str(model.get("model_name") or "")
 
 
-def _steps(messages: list[dict]) -> tuple[list[StepDraft], bool]:
-    """Steps from the chat; also whether any timestamp was naive (never, for unix times)."""
+def _steps(messages: list[dict]) -> list[StepDraft]:
+    """Steps from the chat (timestamps are unix seconds, so never naive)."""
     steps: list[StepDraft] = []
     tool_results = {
         m.get("tool_call_id"): m for m in messages if m["role"] == "tool" and m.get("tool_call_id")
@@ -130,7 +130,7 @@ def _steps(messages: list[dict]) -> tuple[list[StepDraft], bool]:
             if n == 0:
                 step.input_tokens, step.output_tokens = tokens
             steps.append(step)
-    return steps, False
+    return steps
 
 
 def _actions(message: dict, extra: dict, content: str) -> list[dict]:
@@ -200,7 +200,7 @@ def _usage(extra: dict) -> tuple[int | None, int | None]:
     return non_negative(usage.get("prompt_tokens")), non_negative(usage.get("completion_tokens"))
 
 
-def _metadata(value: dict, info: dict, naive: bool) -> dict[str, Any]:
+def _metadata(value: dict, info: dict) -> dict[str, Any]:
     config = info.get("config") if isinstance(info.get("config"), dict) else {}
     meta = {
         "trajectory_format": value.get("trajectory_format"),
@@ -211,8 +211,6 @@ def _metadata(value: dict, info: dict, naive: bool) -> dict[str, Any]:
         "agent_type": config.get("agent_type"),
         "environment_type": config.get("environment_type"),
     }
-    if naive:
-        meta["naive_timestamps_read_as_utc"] = True
     return {k: v for k, v in meta.items() if v is not None}
 
 

@@ -106,12 +106,14 @@ def parse(doc: Document) -> Iterator[EpisodeDraft | Rejection]:
 
 def _episode(doc: Document, key: str, record: dict, multi: bool) -> EpisodeDraft:
     messages = record["messages"]
-    steps, task, unanswered = _steps(messages)
+    steps, task, unanswered, later = _steps(messages)
     meta = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
     system = next((text_of(m.get("content")) for m in messages if m["role"] in ("system", "developer")), "")
     metadata: dict[str, Any] = {"system_prompt": system} if system else {}
     if unanswered:
         metadata["unanswered_tool_calls"] = unanswered
+    if later:
+        metadata["later_user_messages"] = later
     if meta:
         metadata["record_metadata"] = meta
     draft = EpisodeDraft(
@@ -134,11 +136,12 @@ def _task_id(doc: Document, key: str, multi: bool) -> str:
     return f"{doc.stem}-{key}" if multi else doc.stem
 
 
-def _steps(messages: list[dict]) -> tuple[list[StepDraft], str, int]:
-    """Steps, the task (first user message) and the number of tool calls with no result."""
+def _steps(messages: list[dict]) -> tuple[list[StepDraft], str, int, list[str]]:
+    """Steps, the task (first user message), the number of tool calls with no result, and later
+    user messages that are not a reply to a `message` step."""
     results = {m.get("tool_call_id"): m for m in messages if m["role"] == "tool" and m.get("tool_call_id")}
     steps: list[StepDraft] = []
-    task, unanswered = "", 0
+    task, unanswered, later = "", 0, []
     last_reply: StepDraft | None = None
     for index, message in enumerate(messages):
         role = message["role"]
@@ -148,6 +151,8 @@ def _steps(messages: list[dict]) -> tuple[list[StepDraft], str, int]:
                 task = text
             elif last_reply is not None and not last_reply.observation:
                 last_reply.observation = text
+            else:
+                later.append(text)
             last_reply = None
         elif role == "assistant":
             new = _assistant_steps(message, messages, index, results)
@@ -156,7 +161,7 @@ def _steps(messages: list[dict]) -> tuple[list[StepDraft], str, int]:
                 step.observation = step.observation or ""
             steps.extend(new)
             last_reply = new[-1] if len(new) == 1 and new[0].tool == "message" else None
-    return steps, task, unanswered
+    return steps, task, unanswered, later
 
 
 def _assistant_steps(message: dict, messages: list[dict], index: int, results: dict) -> list[StepDraft]:

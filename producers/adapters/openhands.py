@@ -23,7 +23,8 @@ Mapping:
   observation = its `content`; exit_code = `extras.metadata.exit_code` (`extras.exit_code` in older
   versions; OpenHands uses -1 for "no exit code yet", kept as logged); error = the content of an
   `error` observation, or of an editor observation starting with "ERROR:". A user message after an
-  agent `message` step is that step's observation (the user's reply).
+  agent `message` step is that step's observation (the user's reply); other later user messages are
+  kept in `metadata.later_user_messages`.
 - timestamps are the actions' own (`timestamp`; OpenHands writes local time without a zone, read as
   UTC and flagged in metadata). Token counts per step come from `tool_call_metadata.model_response.usage`
   (counted once per model response).
@@ -170,6 +171,7 @@ class _Walk:
     def __init__(self, events: list[dict]):
         self.steps: list[StepDraft] = []
         self.task = ""
+        self.user_messages: list[str] = []
         self.finish: dict | None = None
         self.agent_state = ""
         self.state_reason = ""
@@ -219,6 +221,8 @@ class _Walk:
             self.task = text
         elif self._last_message_step is not None and not self._last_message_step.observation:
             self._last_message_step.observation = text
+        else:
+            self.user_messages.append(text)  # mid-task instructions: kept, they are not agent steps
         self._last_message_step = None
 
     def _step(self, event: dict, kind: str, args: dict) -> StepDraft:
@@ -324,6 +328,8 @@ def _metadata(record: dict, metadata: dict, state: _Walk) -> dict[str, Any]:
         meta["skipped_events"] = dict(sorted(state.skipped.items()))
     if state.agent_state:
         meta["final_agent_state"] = state.agent_state
+    if state.user_messages:
+        meta["later_user_messages"] = state.user_messages
     if state.naive:
         meta["naive_timestamps_read_as_utc"] = True
     if isinstance(record.get("test_result"), dict):
