@@ -322,3 +322,34 @@ def test_many_segments_do_not_hold_a_descriptor_each(tmp_path):
     reopened = PartitionLog(tmp_path / "t-0", LogConfig(segment_bytes=600))
     assert read_all(reopened, max_bytes=1) == expected  # touches every segment
     assert len(os.listdir("/proc/self/fd")) - before <= 10
+
+
+def test_log_append_time_topics_are_stamped_by_the_broker(tmp_path):
+    import time
+
+    from kafka.record.default_records import DefaultRecordBatch
+
+    config = LogConfig.from_topic_config({"message.timestamp.type": "LogAppendTime"})
+    plog = PartitionLog(tmp_path / "t-0", config)
+    before = int(time.time() * 1000)
+    result = plog.append(make_batch([b"a", b"b"], timestamp_ms=1_000))
+    assert result.log_append_time_ms >= before
+    data = plog.read(0, 1 << 20)
+    ((header, _),) = list(iter_batches(data))  # the CRC still verifies after the rewrite
+    assert header.max_timestamp == result.log_append_time_ms
+    batch = DefaultRecordBatch(data)
+    assert batch.timestamp_type == 1 and [r.timestamp for r in batch] == [result.log_append_time_ms] * 2
+    assert plog.offset_for_timestamp(before) == (0, result.log_append_time_ms)
+    assert PartitionLog(tmp_path / "u-0", LogConfig()).append(make_batch([b"c"])).log_append_time_ms == -1
+    with pytest.raises(InvalidConfigError, match=r"message\.timestamp\.type"):
+        LogConfig.from_topic_config({"message.timestamp.type": "Whenever"})
+
+
+def test_batches_above_max_message_bytes_are_refused(tmp_path):
+    from infra.broker.errors import RecordTooLargeError
+
+    plog = PartitionLog(tmp_path / "t-0", LogConfig.from_topic_config({"max.message.bytes": "2000"}))
+    with pytest.raises(RecordTooLargeError, match=r"exceeds max\.message\.bytes 2000"):
+        plog.append(make_batch([b"x" * 1000, b"y" * 1000]))
+    assert plog.high_watermark == 0
+    assert plog.append(make_batch([b"x" * 1000])).base_offset == 0

@@ -71,3 +71,7 @@ class BrokerProtocolError(AgentstreamError):
 
 class MalformedRequestError(BrokerProtocolError):
     """A frame that cannot be a Kafka request (the connection that sent it is closed)."""
+
+
+class RecordTooLargeError(BrokerStorageError):
+    """A record batch larger than the topic's max.message.bytes (Kafka: MESSAGE_TOO_LARGE, 10)."""

@@ -35,6 +35,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from crc32c import crc32c
+
 from infra.broker.errors import (
     BrokerStorageError,
     InvalidConfigError,
@@ -42,6 +44,7 @@ from infra.broker.errors import (
     InvalidRecordError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
+    RecordTooLargeError,
     StorageIOError,
 )
 from infra.broker.producer_state import (
@@ -52,7 +55,7 @@ from infra.broker.producer_state import (
     record_batch,
     write_snapshot,
 )
-from infra.broker.records import LOG_OVERHEAD, iter_batches, next_sequence
+from infra.broker.records import CRC_START, LOG_OVERHEAD, iter_batches, next_sequence
 from infra.broker.segment import (
     LOG_SUFFIX,
     MAX_SEGMENT_BYTES,
@@ -80,6 +83,10 @@ CLEAN_MARKER = ".clean_shutdown"
 MAX_OPEN_SEALED = 4  # sealed segments per partition keeping a file descriptor (LRU)
 _BASE_OFFSET = struct.Struct(">q")
 _EPOCH_AT_12 = struct.Struct(">i")
+_ATTRIBUTES = struct.Struct(">h")
+_MAX_TIMESTAMP = struct.Struct(">q")
+_CRC = struct.Struct(">I")
+LOG_APPEND_TIME_FLAG = 0x08
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
@@ -100,8 +107,14 @@ class LogConfig:
     flush: str = "always"  # "always": fsync before append returns; "interval": every flush_interval_ms
     flush_interval_ms: int = 1000
     index_interval_bytes: int = 4096
+    max_message_bytes: int = 1048588  # largest batch accepted (Kafka's default)
+    timestamp_type: str = "CreateTime"  # or "LogAppendTime": the broker stamps each batch
 
     def __post_init__(self) -> None:
+        if self.timestamp_type not in ("CreateTime", "LogAppendTime"):
+            raise InvalidConfigError(
+                f"message.timestamp.type: must be CreateTime or LogAppendTime (got {self.timestamp_type!r})"
+            )
         if self.flush not in ("always", "interval"):
             raise InvalidConfigError(f"flush: must be 'always' or 'interval' (got {self.flush!r})")
         if not 1 <= self.segment_bytes <= MAX_SEGMENT_BYTES:
@@ -118,8 +131,9 @@ class LogConfig:
         """Apply Kafka topic config keys over `base` (or the defaults).
 
         Keys read: segment.bytes, retention.ms, retention.bytes, index.interval.bytes, flush.messages,
-        flush.ms, cleanup.policy. flush.messages=1 or flush.ms=0 mean fsync on every append
-        ("always"); any other value of either means "interval" (flush.ms giving the interval).
+        flush.ms, cleanup.policy, max.message.bytes, message.timestamp.type. flush.messages=1 or
+        flush.ms=0 mean fsync on every append ("always"); any other value of either means "interval"
+        (flush.ms giving the interval).
         cleanup.policy=compact (without delete) keeps everything: this broker does not compact, and
         deleting by time would lose table state that Kafka would have kept (faust changelogs).
 
@@ -139,10 +153,12 @@ class LogConfig:
             "retention.ms": "retention_ms",
             "retention.bytes": "retention_bytes",
             "index.interval.bytes": "index_interval_bytes",
+            "max.message.bytes": "max_message_bytes",
         }
         for key, attr in ints.items():
             if key in configs:
                 setattr(cfg, attr, _int_config(configs, key))
+        cfg.timestamp_type = configs.get("message.timestamp.type", cfg.timestamp_type)
         messages = _int_config(configs, "flush.messages") if "flush.messages" in configs else None
         flush_ms = _int_config(configs, "flush.ms") if "flush.ms" in configs else None
         if messages == 1 or flush_ms == 0:
@@ -167,7 +183,7 @@ def _int_config(configs: dict[str, str], key: str) -> int:
 
 @dataclass
 class AppendResult:
-    """Where an append landed. `log_append_time_ms` is -1 (topics use CreateTime, as Kafka reports)."""
+    """Where an append landed. `log_append_time_ms`: the broker's stamp on LogAppendTime topics, else -1."""
 
     base_offset: int
     last_offset: int
@@ -329,6 +345,11 @@ class PartitionLog:
         ]
         if not batches:
             raise InvalidRecordError("records: empty, expected at least one record batch")
+        too_big = max(b[5] for b in batches)
+        if too_big > self.config.max_message_bytes:
+            raise RecordTooLargeError(
+                f"record batch of {too_big} bytes exceeds max.message.bytes {self.config.max_message_bytes}"
+            )
         with self._lock:
             self._check_open()
             pending: dict[int, ProducerEntry] = {}
@@ -356,15 +377,18 @@ class PartitionLog:
             seg = self._roll()
         first = offset = seg.next_offset
         pos = 0
+        stamp = _now_ms() if self.config.timestamp_type == "LogAppendTime" else -1
         for *_, delta, _, size in batches:
             _BASE_OFFSET.pack_into(buf, pos, offset)
             _EPOCH_AT_12.pack_into(buf, pos + 12, 0)
+            if stamp >= 0:
+                _stamp_log_append_time(buf, pos, size, stamp)
             offset += delta + 1
             pos += size
         self._write_all(seg, buf)
         every, pos, offset = self.config.index_interval_bytes, seg.size, first
         for *_, delta, max_ts, size in batches:
-            seg.note_batch(pos, offset, offset + delta, max_ts, size, every)
+            seg.note_batch(pos, offset, offset + delta, max(max_ts, stamp), size, every)
             offset += delta + 1
             pos += size
         seg.size = pos
@@ -373,7 +397,7 @@ class PartitionLog:
             self._producers[pid] = entry
         self._dirty = True
         self._maybe_flush(sync)
-        return AppendResult(first, offset - 1, -1, False)
+        return AppendResult(first, offset - 1, stamp, False)
 
     def _write_all(self, seg: Segment, buf: bytearray) -> None:
         view, done = memoryview(buf), 0
@@ -559,6 +583,14 @@ class PartitionLog:
             f"PartitionLog({self.directory.name}, start={self.log_start_offset}, "
             f"hw={self.high_watermark}, segments={len(self._segments)})"
         )
+
+
+def _stamp_log_append_time(buf: bytearray, pos: int, size: int, stamp: int) -> None:
+    """Kafka's LogAppendTime for v2: set the timestamp-type bit and maxTimestamp, then re-CRC."""
+    attributes = _ATTRIBUTES.unpack_from(buf, pos + 21)[0] | LOG_APPEND_TIME_FLAG
+    _ATTRIBUTES.pack_into(buf, pos + 21, attributes)
+    _MAX_TIMESTAMP.pack_into(buf, pos + 35, stamp)
+    _CRC.pack_into(buf, pos + 17, crc32c(memoryview(buf)[pos + CRC_START : pos + size]))
 
 
 def _first_record_at(batch: bytes, timestamp_ms: int, base_offset: int, max_ts: int) -> tuple[int, int]:
