@@ -32,14 +32,11 @@ import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-
-from crc32c import crc32c
 
 from infra.broker.errors import (
     BrokerStorageError,
-    InvalidConfigError,
     InvalidProducerEpochError,
     InvalidRecordError,
     OffsetOutOfRangeError,
@@ -47,6 +44,7 @@ from infra.broker.errors import (
     RecordTooLargeError,
     StorageIOError,
 )
+from infra.broker.log_config import LogConfig
 from infra.broker.producer_state import (
     ProducerEntry,
     check_sequence,
@@ -55,10 +53,15 @@ from infra.broker.producer_state import (
     record_batch,
     write_snapshot,
 )
-from infra.broker.records import CRC_START, LOG_OVERHEAD, iter_batches, next_sequence
+from infra.broker.records import (
+    LOG_OVERHEAD,
+    first_record_at,
+    iter_batches,
+    next_sequence,
+    stamp_log_append_time,
+)
 from infra.broker.segment import (
     LOG_SUFFIX,
-    MAX_SEGMENT_BYTES,
     BatchScan,
     Segment,
     fsync_dir,
@@ -83,102 +86,11 @@ CLEAN_MARKER = ".clean_shutdown"
 MAX_OPEN_SEALED = 4  # sealed segments per partition keeping a file descriptor (LRU)
 _BASE_OFFSET = struct.Struct(">q")
 _EPOCH_AT_12 = struct.Struct(">i")
-_ATTRIBUTES = struct.Struct(">h")
-_MAX_TIMESTAMP = struct.Struct(">q")
-_CRC = struct.Struct(">I")
-LOG_APPEND_TIME_FLAG = 0x08
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-# --- configuration ---------------------------------------------------------------------------------
-
-
-@dataclass
-class LogConfig:
-    """How a partition log rolls, retains and flushes. Defaults: 64 MiB segments, 7 days, fsync always."""
-
-    segment_bytes: int = 64 * 1024 * 1024
-    retention_ms: int = 7 * 24 * 3600 * 1000  # -1 = keep forever
-    retention_bytes: int = -1  # -1 = no size limit
-    flush: str = "always"  # "always": fsync before append returns; "interval": every flush_interval_ms
-    flush_interval_ms: int = 1000
-    index_interval_bytes: int = 4096
-    max_message_bytes: int = 1048588  # largest batch accepted (Kafka's default)
-    timestamp_type: str = "CreateTime"  # or "LogAppendTime": the broker stamps each batch
-
-    def __post_init__(self) -> None:
-        if self.timestamp_type not in ("CreateTime", "LogAppendTime"):
-            raise InvalidConfigError(
-                f"message.timestamp.type: must be CreateTime or LogAppendTime (got {self.timestamp_type!r})"
-            )
-        if self.flush not in ("always", "interval"):
-            raise InvalidConfigError(f"flush: must be 'always' or 'interval' (got {self.flush!r})")
-        if not 1 <= self.segment_bytes <= MAX_SEGMENT_BYTES:
-            raise InvalidConfigError(
-                f"segment.bytes: must be between 1 and {MAX_SEGMENT_BYTES} (got {self.segment_bytes})"
-            )
-        if self.index_interval_bytes < 1:
-            raise InvalidConfigError(
-                f"index.interval.bytes: must be positive (got {self.index_interval_bytes})"
-            )
-
-    @classmethod
-    def from_topic_config(cls, configs: dict[str, str], base: LogConfig | None = None) -> LogConfig:
-        """Apply Kafka topic config keys over `base` (or the defaults).
-
-        Keys read: segment.bytes, retention.ms, retention.bytes, index.interval.bytes, flush.messages,
-        flush.ms, cleanup.policy, max.message.bytes, message.timestamp.type. flush.messages=1 or
-        flush.ms=0 mean fsync on every append ("always"); any other value of either means "interval"
-        (flush.ms giving the interval).
-        cleanup.policy=compact (without delete) keeps everything: this broker does not compact, and
-        deleting by time would lose table state that Kafka would have kept (faust changelogs).
-
-        >>> LogConfig.from_topic_config({"retention.ms": "-1", "flush.messages": "1"}).retention_ms
-        -1
-        >>> LogConfig.from_topic_config({"cleanup.policy": "compact"}).retention_ms
-        -1
-        """
-        cfg = replace(base) if base is not None else cls()
-        policies = {p.strip() for p in configs.get("cleanup.policy", "delete").split(",")}
-        if not policies <= {"delete", "compact"}:
-            raise InvalidConfigError(
-                f"cleanup.policy: must be delete, compact or both (got {configs['cleanup.policy']!r})"
-            )
-        ints = {
-            "segment.bytes": "segment_bytes",
-            "retention.ms": "retention_ms",
-            "retention.bytes": "retention_bytes",
-            "index.interval.bytes": "index_interval_bytes",
-            "max.message.bytes": "max_message_bytes",
-        }
-        for key, attr in ints.items():
-            if key in configs:
-                setattr(cfg, attr, _int_config(configs, key))
-        cfg.timestamp_type = configs.get("message.timestamp.type", cfg.timestamp_type)
-        messages = _int_config(configs, "flush.messages") if "flush.messages" in configs else None
-        flush_ms = _int_config(configs, "flush.ms") if "flush.ms" in configs else None
-        if messages == 1 or flush_ms == 0:
-            cfg.flush = "always"
-        elif messages is not None or flush_ms is not None:
-            cfg.flush = "interval"
-            if flush_ms is not None:
-                cfg.flush_interval_ms = flush_ms
-        if "delete" not in policies:
-            cfg.retention_ms, cfg.retention_bytes = -1, -1
-        cfg.__post_init__()
-        return cfg
-
-
-def _int_config(configs: dict[str, str], key: str) -> int:
-    value = configs[key]
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise InvalidConfigError(f"{key}: must be an integer (got {value!r})") from None
 
 
 @dataclass
@@ -382,7 +294,7 @@ class PartitionLog:
             _BASE_OFFSET.pack_into(buf, pos, offset)
             _EPOCH_AT_12.pack_into(buf, pos + 12, 0)
             if stamp >= 0:
-                _stamp_log_append_time(buf, pos, size, stamp)
+                stamp_log_append_time(buf, pos, size, stamp)
             offset += delta + 1
             pos += size
         self._write_all(seg, buf)
@@ -478,7 +390,7 @@ class PartitionLog:
                 for bpos, f in BatchScan(seg.fd, pos, seg.size, first, verify_crc=False):
                     if f[8] >= timestamp_ms:
                         data = os.pread(seg.fd, LOG_OVERHEAD + f[1], bpos)
-                        return _first_record_at(data, timestamp_ms, f[0], f[8])
+                        return first_record_at(data, timestamp_ms, f[0], f[8])
             return None
 
     # -- retention, flushing, lifecycle
@@ -583,23 +495,3 @@ class PartitionLog:
             f"PartitionLog({self.directory.name}, start={self.log_start_offset}, "
             f"hw={self.high_watermark}, segments={len(self._segments)})"
         )
-
-
-def _stamp_log_append_time(buf: bytearray, pos: int, size: int, stamp: int) -> None:
-    """Kafka's LogAppendTime for v2: set the timestamp-type bit and maxTimestamp, then re-CRC."""
-    attributes = _ATTRIBUTES.unpack_from(buf, pos + 21)[0] | LOG_APPEND_TIME_FLAG
-    _ATTRIBUTES.pack_into(buf, pos + 21, attributes)
-    _MAX_TIMESTAMP.pack_into(buf, pos + 35, stamp)
-    _CRC.pack_into(buf, pos + 17, crc32c(memoryview(buf)[pos + CRC_START : pos + size]))
-
-
-def _first_record_at(batch: bytes, timestamp_ms: int, base_offset: int, max_ts: int) -> tuple[int, int]:
-    from kafka.record.default_records import DefaultRecordBatch
-
-    try:
-        for record in DefaultRecordBatch(batch):
-            if record.timestamp >= timestamp_ms:
-                return record.offset, record.timestamp
-    except Exception as exc:  # e.g. a codec kafka-python lacks: answer with the batch
-        log.debug("cannot decode batch at offset %d for a timestamp lookup: %s", base_offset, exc)
-    return base_offset, max_ts

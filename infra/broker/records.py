@@ -1,7 +1,8 @@
 """Kafka record batches (magic v2): header layout, parsing, validation of a produced records blob.
 
-Owns the byte layout of the RecordBatch header and its CRC-32C check. It does not interpret the
-records inside a batch (keys, values and headers stay opaque bytes) and touches no files.
+Owns the byte layout of the RecordBatch header, its CRC-32C check and the header rewrites a broker
+makes (LogAppendTime stamping). Records inside a batch stay opaque bytes, except for timestamp
+lookups (`first_record_at`, via kafka-python's own reader). It touches no files.
 
 Layout (big endian), offsets in bytes from the batch start::
 
@@ -15,6 +16,7 @@ The CRC covers bytes 21..end, so a broker may rewrite baseOffset and partitionLe
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from crc32c import crc32c
 
 from infra.broker.errors import BrokerStorageError, CorruptRecordError, InvalidRecordError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "HEADER",
@@ -31,8 +35,10 @@ __all__ = [
     "BrokerStorageError",
     "CorruptRecordError",
     "InvalidRecordError",
+    "first_record_at",
     "iter_batches",
     "parse_header",
+    "stamp_log_append_time",
 ]
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -45,6 +51,10 @@ INT32_MAX = 2**31 - 1
 TRANSACTIONAL_FLAG = 0x10
 CONTROL_FLAG = 0x20
 COMPRESSION_MASK = 0x07
+LOG_APPEND_TIME_FLAG = 0x08
+ATTRIBUTES_FIELD = struct.Struct(">h")  # at byte 21
+MAX_TIMESTAMP_FIELD = struct.Struct(">q")  # at byte 35
+CRC_FIELD = struct.Struct(">I")  # at byte 17
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,3 +157,27 @@ def _check_header(header: BatchHeader, pos: int, available: int) -> None:
             f"record batch at byte {pos}: lastOffsetDelta {header.last_offset_delta} / "
             f"recordCount {header.record_count} must not be negative"
         )
+
+
+def stamp_log_append_time(buf: bytearray, pos: int, size: int, stamp: int) -> None:
+    """Kafka's LogAppendTime for v2: set the timestamp-type bit and maxTimestamp, then re-CRC."""
+    attributes = ATTRIBUTES_FIELD.unpack_from(buf, pos + 21)[0] | LOG_APPEND_TIME_FLAG
+    ATTRIBUTES_FIELD.pack_into(buf, pos + 21, attributes)
+    MAX_TIMESTAMP_FIELD.pack_into(buf, pos + 35, stamp)
+    CRC_FIELD.pack_into(buf, pos + 17, crc32c(memoryview(buf)[pos + CRC_START : pos + size]))
+
+
+def first_record_at(batch: bytes, timestamp_ms: int, base_offset: int, max_ts: int) -> tuple[int, int]:
+    """(offset, timestamp) of the first record in `batch` at or after `timestamp_ms`.
+
+    Falls back to (base_offset, max_ts), batch granularity, when the batch cannot be decoded.
+    """
+    from kafka.record.default_records import DefaultRecordBatch
+
+    try:
+        for record in DefaultRecordBatch(batch):
+            if record.timestamp >= timestamp_ms:
+                return record.offset, record.timestamp
+    except Exception as exc:  # e.g. a codec kafka-python lacks: answer with the batch
+        log.debug("cannot decode batch at offset %d for a timestamp lookup: %s", base_offset, exc)
+    return base_offset, max_ts
