@@ -60,7 +60,7 @@ def test_openhands_trajectory_array():
     assert run.exit_code == 1 and "assert 5 == 4" in run.observation
     assert (run.input_tokens, run.output_tokens) == (5920, 40)
     assert run.occurred_at == utc("2025-04-30T16:32:57.821635")
-    assert read.params == {"path": "/workspace/calc.py", "start": 0, "end": -1}
+    assert read.params == {"path": "/workspace/calc.py", "start": 0, "end": -1, "command": "view"}
     assert "return a + b + 1" in read.observation
     assert bad_edit.params == {
         "path": "/workspace/calc.py",
@@ -101,6 +101,19 @@ def test_openhands_eval_output_one_episode_per_instance():
     assert (e2.success, e2.score) == (False, 0.0)
     assert (e1.input_tokens, e1.output_tokens, e1.cost_usd) == (565158, 2558, 0.12)
     assert s1.trajectory_id != s2.trajectory_id
+
+
+def test_openhands_older_edit_refused_call_and_iteration_limit():
+    report = convert("openhands/older_edit_refused_call.json")
+    [(_, steps, ended)] = episodes(report)
+    create, refused = steps
+    # args held an empty `content`; the model's tool call in tool_call_metadata has the real arguments
+    assert create.tool == "write_file"
+    assert create.params["command"] == "create"
+    assert create.params["file_text"] == "<!DOCTYPE html>\n<title>Todo</title>\n"
+    assert refused.tool == "invalid" and refused.error.startswith("Parameter 'command' is expected")
+    assert (ended.success, ended.truncated, ended.outcome_source) == (False, True, "unknown")
+    assert ended.error.startswith("RuntimeError: Agent reached maximum iteration")
 
 
 # --- SWE-agent ------------------------------------------------------------------------------------

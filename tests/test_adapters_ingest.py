@@ -22,6 +22,7 @@ EXPECTED_FORMAT = {
     "openhands/session_trajectory.json": "openhands",
     "openhands/events.jsonl": "openhands",
     "openhands/eval_output.jsonl": "openhands",
+    "openhands/older_edit_refused_call.json": "openhands",
     "swe_agent/marshmallow-code__marshmallow-1867.traj": "swe-agent",
     "mini_swe_agent/django__django-11099.traj.json": "mini-swe-agent",
     "mini_swe_agent/v1_textbased.traj.json": "mini-swe-agent",
@@ -123,7 +124,7 @@ def test_dry_run_cli_all_valid_exits_zero():
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith("ingest: 3 files (3 ok, 0 with rejections), 4 episodes, 13 steps")
+    assert result.stdout.startswith("ingest: 4 files (4 ok, 0 with rejections), 5 episodes, 15 steps")
     assert "dry run: nothing published" in result.stdout
 
 

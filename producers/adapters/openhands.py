@@ -22,15 +22,18 @@ Mapping:
 - the observation is the event whose `cause` is the action's id (else the next observation);
   observation = its `content`; exit_code = `extras.metadata.exit_code` (`extras.exit_code` in older
   versions; OpenHands uses -1 for "no exit code yet", kept as logged); error = the content of an
-  `error` observation, or of an editor observation starting with "ERROR:". A user message after an
-  agent `message` step is that step's observation (the user's reply); other later user messages are
-  kept in `metadata.later_user_messages`.
+  `error` observation, or of an editor observation starting with "ERROR:". An `error` observation
+  with no action (a tool call OpenHands refused) is a step of its own with tool "invalid". Missing
+  params are filled from the model's tool call in `tool_call_metadata` (older versions dropped some).
+  A user message after an agent `message` step is that step's observation (the user's reply);
+  other later user messages are kept in `metadata.later_user_messages`.
 - timestamps are the actions' own (`timestamp`; OpenHands writes local time without a zone, read as
   UTC and flagged in metadata). Token counts per step come from `tool_call_metadata.model_response.usage`
   (counted once per model response).
 - outcome, first rule that applies: `test_result.report.resolved` (evaluation output; score 1.0/0.0);
   `finish.args.task_completed` ("true" -> success); a `finish` action -> success (the agent declared
   the task done) unless the agent state ended in "error"; otherwise success False, outcome unknown.
+  An error that says a limit was hit (maximum iterations, budget) marks the episode truncated.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from producers.adapters.base import (
     StepDraft,
     as_int,
     describe,
+    json_args,
     non_negative,
     parse_timestamp,
     shape_of,
@@ -129,6 +133,7 @@ def _eval_episode(doc: Document, record: dict, key: str, where: str) -> EpisodeD
         draft.outcome_source = "test_result.report.resolved"
     if record.get("error"):
         draft.error = str(record["error"])
+        draft.truncated = draft.truncated or _is_limit(draft.error)
     _record_tokens(draft, record.get("metrics"))
     return draft
 
@@ -227,6 +232,11 @@ class _Walk:
 
     def _step(self, event: dict, kind: str, args: dict) -> StepDraft:
         params = {k: v for k, v in args.items() if k not in _NOISE_ARGS and v not in (None, "")}
+        for key, value in _call_arguments(event.get("tool_call_metadata")).items():
+            # older OpenHands versions left some of the model's arguments out of `args` (e.g. an
+            # editor `create` as an edit with empty content): fill the gaps from the tool call itself
+            if key not in _NOISE_ARGS and params.get(key) in (None, "") and value not in (None, ""):
+                params[key] = value
         if params.get("is_input") is False:
             params.pop("is_input")
         if kind == "edit" and params.get("command"):  # editor commands: start/end belong to LLM edits
@@ -236,7 +246,7 @@ class _Walk:
         if kind == "think":
             params.pop("thought", None)
         step = StepDraft(
-            tool=_tool(kind, args),
+            tool=_tool(kind, params),
             params=params,
             thought=thought,
             timestamp=parse_timestamp(event.get("timestamp"))[0],
@@ -267,6 +277,8 @@ class _Walk:
         step = self._by_id.get(event.get("cause")) if event.get("cause") is not None else None
         if step is None and event.get("cause") is None and self._pending:
             step = self._pending[0]
+        if step is None and kind == "error" and event.get("cause") is None:
+            step = self._rejected_call(event)  # a tool call OpenHands refused before it became an action
         if step is None or kind in ("null", "recall"):
             self.skipped[f"observation:{kind}"] = self.skipped.get(f"observation:{kind}", 0) + 1
             return
@@ -277,6 +289,24 @@ class _Walk:
         step.exit_code = _exit_code(extras)
         if kind == "error" or (kind in ("edit", "read", "write") and content.lstrip().startswith("ERROR:")):
             step.error = content.strip()[:2000]
+
+    def _rejected_call(self, event: dict) -> StepDraft:
+        step = StepDraft(tool="invalid", timestamp=parse_timestamp(event.get("timestamp"))[0])
+        self.steps.append(step)
+        self._last_message_step = None
+        return step
+
+
+def _call_arguments(metadata: Any) -> dict:
+    """The arguments of the model's tool call behind an action (`tool_call_metadata`), decoded."""
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("model_response"), dict):
+        return {}
+    for choice in metadata["model_response"].get("choices") or []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        for call in (message or {}).get("tool_calls") or []:
+            if isinstance(call, dict) and call.get("id") == metadata.get("tool_call_id"):
+                return json_args((call.get("function") or {}).get("arguments"))[0]
+    return {}
 
 
 def _tool(kind: str, args: dict) -> str:
@@ -347,6 +377,7 @@ def _apply_outcome(draft: EpisodeDraft, state: _Walk) -> None:
         draft.output_tokens = sum(s.output_tokens or 0 for s in step_tokens)
     if state.agent_state == "error":
         draft.error = state.state_reason or "agent state: error"
+        draft.truncated = _is_limit(draft.error)
     if state.finish is None:
         draft.terminated = False
         return
@@ -357,6 +388,12 @@ def _apply_outcome(draft: EpisodeDraft, state: _Walk) -> None:
     else:
         draft.success = state.agent_state != "error"
         draft.outcome_source = "finish_action"
+
+
+def _is_limit(error: str) -> bool:
+    """Whether an OpenHands error means a budget ran out (then the episode is truncated, not failed)."""
+    lowered = error.lower()
+    return any(m in lowered for m in ("maximum iteration", "max_iterations", "budget", "context window"))
 
 
 def _record_tokens(draft: EpisodeDraft, metrics: Any) -> None:
