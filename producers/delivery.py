@@ -256,10 +256,10 @@ class SpoolDelivery:
                 self.deliver_once()
                 backoff = self.config.retry_backoff_s
             except Exception as exc:
-                backoff = self._after_failure(exc, backoff, deadline - time.monotonic(), stop)
+                backoff = self.backoff_after_failure(exc, backoff, deadline - time.monotonic(), stop)
         return True
 
-    def _after_failure(self, exc: BaseException, backoff: float, left_s: float, stop) -> float:
+    def backoff_after_failure(self, exc: BaseException, backoff: float, left_s: float, stop) -> float:
         log.warning(
             "spool %s: delivery to %s failed, %d events kept in the spool, retrying in %.1fs: %s",
             self.spool.directory, self.config.bootstrap_servers, self.spool.pending, backoff, exc,

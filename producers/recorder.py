@@ -309,7 +309,7 @@ class AgentRecorder:
                 with self._progress:
                     self.broker_failing = True
                     self._progress.notify_all()
-                backoff = self._delivery._after_failure(exc, backoff, 1e9, self._stop_delivery)
+                backoff = self._delivery.backoff_after_failure(exc, backoff, 1e9, self._stop_delivery)
 
     def _on_delivered(self, records: list[SpoolRecord]) -> None:
         with self._progress:
