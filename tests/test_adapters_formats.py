@@ -318,3 +318,23 @@ def test_later_user_messages_are_kept_in_metadata(tmp_path):
     [(started, [step], _)] = episodes(convert_file(path, path.read_bytes(), MTIME))
     assert step.observation == "a b" and step.params == {"command": "ls"}
     assert started.metadata["later_user_messages"] == ["also hidden ones"]
+
+
+def test_swe_agent_retry_attempts_are_one_episode_each(tmp_path):
+    import orjson
+
+    data = orjson.loads((FIXTURES / "swe_agent/marshmallow-code__marshmallow-1867.traj").read_bytes())
+    retry = {
+        "attempts": [
+            data,
+            {**data, "trajectory": data["trajectory"][:2], "info": {"exit_status": "exit_cost"}},
+        ]
+    }
+    path = tmp_path / "retry.traj"
+    path.write_bytes(orjson.dumps(retry))
+    report = convert_file(path, path.read_bytes(), MTIME)
+    assert report.format == "swe-agent" and report.rejections == []
+    (s1, steps1, e1), (s2, steps2, e2) = episodes(report)
+    assert (len(steps1), len(steps2)) == (7, 2)
+    assert (e1.success, e2.success, e2.truncated) == (True, False, True)
+    assert s1.trajectory_id != s2.trajectory_id
