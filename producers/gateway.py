@@ -213,7 +213,11 @@ class AioKafkaPublisher:
                     max_request_size=16 * 1024 * 1024,
                     request_timeout_ms=int(self.config.ack_timeout_s * 1000),
                 )
-                await producer.start()
+                try:
+                    await producer.start()
+                except BaseException:
+                    await producer.stop()  # release its sockets; the next request tries again
+                    raise
                 self._producer = producer
             return self._producer
 

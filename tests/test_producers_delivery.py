@@ -115,3 +115,35 @@ def test_an_in_doubt_chunk_is_completed_without_resending_what_landed(broker, tm
     spool.close()
     ids = Counter(r["value"]["event_id"] for r in read_topic(broker.bootstrap, AGENT_EVENTS, 10))
     assert ids == Counter({f"e{i}": 1 for i in range(10)})
+
+
+def test_spool_cli_reports_and_flushes_what_a_dead_recorder_left(tmp_path, data_dir):
+    import subprocess
+
+    from tests.support.processes import AGENTSTREAM
+
+    port = free_port()
+    recorder = Proc(
+        [*SCRIPT, "record", f"127.0.0.1:{port}", str(data_dir), "2", "5"], tmp_path / "record.log"
+    )
+    wait_for(lambda: not recorder.alive(), timeout_s=60, what="the recording process to exit")
+    recorder.stop()
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*AGENTSTREAM, "spool", *args, "--data-dir", str(data_dir)], capture_output=True, text=True
+        )
+
+    status = cli("status")
+    assert status.returncode == 0 and "14 undelivered events" in status.stdout, status.stdout + status.stderr
+    failed = cli("flush", "--bootstrap-servers", f"127.0.0.1:{port}", "--timeout-s", "2")
+    assert failed.returncode == 1 and "14 events could not be delivered" in failed.stderr
+    broker = start_broker(tmp_path / "broker", port=port)
+    try:
+        flushed = cli("flush", "--bootstrap-servers", broker.bootstrap)
+        assert flushed.returncode == 0 and "delivered 14, 0 left" in flushed.stdout, (
+            flushed.stdout + flushed.stderr
+        )
+        assert_exactly_once_in_order(read_topic(broker.bootstrap, AGENT_EVENTS, 14), trajectories=2, steps=5)
+    finally:
+        broker.stop()

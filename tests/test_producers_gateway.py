@@ -231,3 +231,32 @@ def test_openapi_document_embeds_the_event_schemas_and_healthz(gateway):
     assert not validator.is_valid(step_json("t", 0, step_index=-1))
     status, health = get(f"{url}/healthz")
     assert status == 200 and health["status"] == "ok"
+
+
+def test_broker_down_gets_503_naming_the_unacknowledged_events_and_healthz_503():
+    """In-process app (aiohttp test server), broker address with nothing listening."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from producers.gateway import create_app
+    from tests.support.processes import free_port
+
+    config = GatewayConfig(
+        bootstrap_servers=f"127.0.0.1:{free_port()}",
+        api_key_hashes=frozenset({hash_key(KEY)}),
+        ack_timeout_s=2,
+    )
+    event = step_json("t-down", 0)
+
+    async def go():
+        async with TestClient(TestServer(create_app(config))) as client:
+            headers = {"Authorization": f"Bearer {KEY}"}
+            response = await client.post("/v1/events", json=[event], headers=headers)
+            body = await response.json()
+            health = await client.get("/healthz")
+            return response.status, response.headers.get("Retry-After"), body, health.status
+
+    status, retry_after, body, health_status = asyncio.run(go())
+    assert status == 503 and retry_after == "1"
+    assert body["accepted"] == 0 and body["partial"] is False
+    assert body["unacknowledged_event_ids"] == [event["event_id"]] and body["acknowledged_event_ids"] == []
+    assert health_status == 503
