@@ -130,6 +130,19 @@ class EpisodeLog:
             self.steps += 1
         return event
 
+    def retract(self, event: EventBase) -> None:
+        """Undo the state change of the latest `step()` or `ended()` (its event was not accepted).
+
+        >>> log = EpisodeLog(EpisodeIdentity("t", "task"), producer="p")
+        >>> log.retract(log.step()); log.step().step_index
+        0
+        """
+        with self._lock:
+            if event is self.ended_event:
+                self.ended_event = None
+            elif isinstance(event, StepRecorded) and event.step_index == self.steps - 1:
+                self.steps -= 1
+
     def ended(self, **fields: Any) -> EpisodeEnded:
         with self._lock:
             if self.ended_event is not None:

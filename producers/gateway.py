@@ -31,7 +31,7 @@ import hmac
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -56,11 +56,11 @@ class GatewayConfig:
     allow_anonymous: bool = False
     max_body_bytes: int = 4 * 1024 * 1024
     max_events: int = 10_000
+    max_event_bytes: int = 1_000_000  # Apache Kafka's default message.max.bytes
     ack_timeout_s: float = 30.0
     client: str = "aiokafka"
     dead_letters: bool = True
     linger_ms: int = 2
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.api_key_hashes and not self.allow_anonymous:
@@ -148,7 +148,7 @@ def parse_body(body: bytes, max_events: int) -> list[Any]:
     return items
 
 
-def check_events(items: list[Any]) -> tuple[list, list[dict]]:
+def check_events(items: list[Any], max_event_bytes: int = 1_000_000) -> tuple[list, list[dict]]:
     """Validate every item strictly. Returns (events, errors); errors name index, field and value.
 
     >>> events, errors = check_events([{"type": "step.recorded"}])
@@ -162,9 +162,16 @@ def check_events(items: list[Any]) -> tuple[list, list[dict]]:
             errors.append(_error(index, "type", item["type"], message))
             continue
         try:
-            events.append(validate(item, strict=True))
+            event = validate(item, strict=True)
         except DecodeError as exc:
             errors.extend(_error(index, e.field, e.value, e.message) for e in exc.errors)
+            continue
+        size = len(encode(event))
+        if size > max_event_bytes:
+            message = f"encoded event of {size} bytes exceeds the limit of {max_event_bytes} bytes per event"
+            errors.append(_error(index, "$", size, message))
+            continue
+        events.append(event)
     return events, errors
 
 
@@ -334,7 +341,7 @@ async def _post_events(request):
             if rejected.status == 400 and rejected.body["error"] == "malformed JSON":
                 await _dead_letter_body(request, body, rejected.body["errors"][0]["message"], request_id)
             raise
-        events, errors = check_events(items)
+        events, errors = check_events(items, config.max_event_bytes)
         if errors:
             dead = await _dead_letter_items(request, items, errors, request_id)
             raise RequestRejected(

@@ -75,6 +75,7 @@ class RecorderConfig:
     connect_timeout_ms: int = 3000
     delivery_timeout_ms: int = 30_000
     close_timeout_s: float = 10.0
+    max_event_bytes: int = 1_000_000  # Apache Kafka's default message.max.bytes
     producer: str = f"sdk/{SDK_VERSION}"
 
     def __post_init__(self):
@@ -269,7 +270,13 @@ class AgentRecorder:
             raise ProducerError(
                 f"the spool writer failed; nothing more can be recorded: {self._writer_error!r}"
             )
-        record = SpoolRecord(topic_for(event.type), encode_key(event), event.event_id, encode(event))
+        value = encode(event)
+        if len(value) > self.config.max_event_bytes:
+            raise ProducerError(
+                f"{event.type} {event.event_id}: encoded event of {len(value)} bytes exceeds max_event_bytes="
+                f"{self.config.max_event_bytes} (brokers refuse larger records); shorten observation/params"
+            )
+        record = SpoolRecord(topic_for(event.type), encode_key(event), event.event_id, value)
         return self._buffer.put(record, on_full or self.config.on_full, self.config.block_timeout_s)
 
     # --- threads ----------------------------------------------------------------------------------
@@ -392,6 +399,16 @@ class AgentRecorder:
         self.close()
 
 
+def _publish_or_retract(publish: Callable[[EventBase], int], log_: EpisodeLog, event: EventBase) -> None:
+    """Publish `event`; if it was not accepted (buffer full, closed), the episode state goes back so
+    the caller may retry the same call."""
+    try:
+        publish(event)
+    except BaseException:
+        log_.retract(event)
+        raise
+
+
 class Episode:
     """One episode being recorded. Use as a context manager: an exception inside the block ends
     the episode as failed (`success=False`, `error="ExcType: message"`) and propagates; leaving the
@@ -430,13 +447,13 @@ class Episode:
             error=error,
             **extra,
         )
-        self._recorder.publish(event)
+        _publish_or_retract(self._recorder.publish, self._log, event)
         return event
 
     def end(self, success: bool, score: float | None = None, **extra: Any):
         """End the episode. `extra`: `tests_passed`, `tests_failed`, `terminated`, `truncated`, `error`."""
         event = self._log.ended(success=success, score=score, **extra)
-        self._recorder.publish(event)
+        _publish_or_retract(self._recorder.publish, self._log, event)
         return event
 
     def __enter__(self) -> Episode:
@@ -460,25 +477,42 @@ class Episode:
 
 class PolicyFollower:
     """The newest `policy_version` on `policy.updates` (a 1-partition topic: its last record),
-    cached for `ttl_s`. A broker that cannot be reached keeps the previous answer."""
+    cached for `ttl_s`. The first lookup waits for the broker (up to `timeout_ms`); later ones
+    answer from the cache at once and refresh it in a background thread when it is stale, so an
+    unreachable broker never holds up `rec.episode()`. A failed refresh keeps the previous answer."""
 
     def __init__(self, bootstrap_servers: str, ttl_s: float = 5.0, timeout_ms: int = 2000):
         self.bootstrap_servers = bootstrap_servers
         self.ttl_s = ttl_s
         self.timeout_ms = timeout_ms
         self._value: str | None = None
-        self._checked_at = -float("inf")
+        self._checked_at: float | None = None
+        self._refreshing = False
         self._lock = threading.Lock()
 
     def latest(self) -> str | None:
         with self._lock:
-            if time.monotonic() - self._checked_at >= self.ttl_s:
-                try:
-                    self._value = self._read_last() or self._value
-                except Exception as exc:
-                    log.warning("cannot read policy.updates from %s: %s", self.bootstrap_servers, exc)
-                self._checked_at = time.monotonic()
-            return self._value
+            first = self._checked_at is None
+            stale = first or time.monotonic() - self._checked_at >= self.ttl_s
+            start_refresh = stale and not self._refreshing
+            if start_refresh:
+                self._refreshing = True
+        if first and start_refresh:
+            self._refresh()
+        elif start_refresh:
+            threading.Thread(target=self._refresh, name="agentstream-policy", daemon=True).start()
+        return self._value
+
+    def _refresh(self) -> None:
+        try:
+            value = self._read_last()
+        except Exception as exc:
+            log.warning("cannot read policy.updates from %s: %s", self.bootstrap_servers, exc)
+            value = None
+        with self._lock:
+            self._value = value or self._value
+            self._checked_at = time.monotonic()
+            self._refreshing = False
 
     def _read_last(self) -> str | None:
         from kafka import KafkaConsumer, TopicPartition
@@ -599,13 +633,20 @@ class AsyncEpisode:
         event = self._started().step(
             thought=thought, tool=tool, params=params, observation=observation, **extra
         )
-        await self._recorder.publish(event)
+        await self._publish(event)
         return event
 
     async def end(self, success: bool, score: float | None = None, **extra: Any):
         event = self._started().ended(success=success, score=score, **extra)
-        await self._recorder.publish(event)
+        await self._publish(event)
         return event
+
+    async def _publish(self, event: EventBase) -> None:
+        try:
+            await self._recorder.publish(event)
+        except BaseException:
+            self._started().retract(event)
+            raise
 
     async def __aexit__(self, exc_type, exc, tb) -> bool:
         if self._log is None or self._log.ended_event is not None:

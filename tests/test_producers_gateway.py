@@ -80,7 +80,9 @@ def test_every_invalid_field_of_every_event_is_reported():
     unknown_field = {**step_json("t1", 2), "colour": "blue"}
     not_accepted = {**good, "type": "trajectory.scored", "task_id": "x"}
     naive_time = step_json("t1", 3, occurred_at="2026-01-01T00:00:00")
-    events, errors = check_events([good, wrong_types, unknown_field, not_accepted, naive_time, "text"])
+    too_big = step_json("t1", 4, observation="x" * 3000)
+    items = [good, wrong_types, unknown_field, not_accepted, naive_time, "text", too_big]
+    events, errors = check_events(items, max_event_bytes=3000)
     assert [e.event_id for e in events] == [good["event_id"]]
     found = {(e["index"], e["field"]) for e in errors}
     assert {
@@ -90,12 +92,14 @@ def test_every_invalid_field_of_every_event_is_reported():
         (3, "type"),
         (4, "occurred_at"),
         (5, "$"),
+        (6, "$"),
     } <= found
     by_field = {(e["index"], e["field"]): e for e in errors}
     assert by_field[(1, "step_index")]["value"] == "two"
     assert "unknown field" in by_field[(2, "colour")]["message"]
     assert "timezone" in by_field[(4, "occurred_at")]["message"]
     assert "not accepted by the gateway" in by_field[(3, "type")]["message"]
+    assert "exceeds the limit of 3000 bytes per event" in by_field[(6, "$")]["message"]
 
 
 # --- the real gateway process ------------------------------------------------------------------------

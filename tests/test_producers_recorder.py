@@ -251,3 +251,30 @@ def test_env_wrapper_records_each_episode(broker, data_dir):
     assert second[-1]["value"]["success"] is False and second[-1]["value"]["truncated"] is True
     assert second[-1]["value"]["total_steps"] == 4
     assert first[0]["value"]["occurred_at"] <= first[-1]["value"]["occurred_at"]
+
+
+def test_oversize_events_are_refused_when_recorded(offline_recorder):
+    ep = offline_recorder.episode(task_id="t")
+    with pytest.raises(ProducerError, match=r"step.recorded .* exceeds max_event_bytes=1000000"):
+        ep.step(observation="x" * 1_000_001)
+    assert ep.step(tool="ok").step_index == 0  # the refused step did not use up an index
+
+
+def test_an_event_not_accepted_can_be_retried_with_the_same_index():
+    from producers.episode import EpisodeIdentity, EpisodeLog
+    from producers.recorder import _publish_or_retract
+
+    log = EpisodeLog(EpisodeIdentity("traj", "task"), producer="p")
+
+    def full(event):
+        raise RecorderBufferFull(1)
+
+    with pytest.raises(RecorderBufferFull):
+        _publish_or_retract(full, log, log.step(tool="a"))
+    accepted = []
+    _publish_or_retract(accepted.append, log, log.step(tool="a"))
+    with pytest.raises(RecorderBufferFull):
+        _publish_or_retract(full, log, log.ended(success=True))
+    _publish_or_retract(accepted.append, log, log.ended(success=True))
+    assert [e.type for e in accepted] == ["step.recorded", "episode.ended"]
+    assert accepted[0].step_index == 0 and accepted[1].total_steps == 1
