@@ -245,11 +245,18 @@ class Planner:
     """Routes trajectories to lanes; knows the current policy for staleness and horizon schedules."""
 
     def __init__(
-        self, config: PlannerConfig, known_ids: dict[str, set[str]] | None = None, known_hashes=None
+        self,
+        config: PlannerConfig,
+        known_ids: dict[str, set[str]] | None = None,
+        known_hashes: dict[str, dict[str, str]] | None = None,
+        tokenizer: Any = None,
     ):
         from consumers.trainer.builders.common import reward_of
 
+        if "sft_tokenized" in config.kinds and tokenizer is None:
+            raise ValueError("kinds: 'sft_tokenized' needs a tokenizer (got None)")
         self.config = config
+        self.tokenizer = tokenizer
         self.reward = reward_of
         self.sft = SFTBuilder(config.sft)
         self.dpo_builder = DPOPairBuilder(config.dpo)

@@ -65,7 +65,7 @@ def synthetic(n: int, group_size: int = 4, steps: int = 3, obs_len: int = 40) ->
         task, member = i // group_size, i % group_size
         body = [
             step(f"step {s} of task {task}", TOOLS[(s + member) % 3], ("output line %d " % s) * (obs_len // 14),
-                 round(((s + member) % 5) / 4, 2), arg=f"{task}-{s}")
+                 round(((s + member) % 5) / 4, 2), arg=f"{task}-{s}-{member}")
             for s in range(steps)
         ]  # fmt: skip
         reward = round(((member * 7 + task * 3) % 11) / 10, 2)

@@ -1,0 +1,119 @@
+"""Integration: the trainer consumer against the real embedded broker (kafka-python over TCP).
+
+- exactly-once: kill -9 the consumer several times while 1,000 trajectories stream in; at the end
+  every eligible trajectory is in exactly one batch of each kind, and every manifest has its
+  `batch.built` event (duplicates only with the same event id).
+- the executor follows `training.batches` and publishes `policy.updated`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+
+import pytest
+
+from consumers.trainer.batch_writer import BatchStore
+from consumers.trainer.builders.common import reward_of
+from schemas import topics
+from schemas.codec import decode, encode
+from tests.support.processes import AGENTSTREAM, Proc, wait_for
+from tests.trainer_fixtures import synthetic
+
+pytestmark = pytest.mark.integration
+
+GROUP = 4
+
+
+def _producer(bootstrap):
+    from kafka import KafkaProducer
+
+    return KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+
+
+def _publish(producer, trajectories):
+    futures = [
+        producer.send(topics.TRAJECTORY_SCORED, key=t.trajectory_id.encode(), value=encode(t))
+        for t in trajectories
+    ]
+    for f in futures:
+        f.get(timeout=30)
+
+
+def _read_all(bootstrap, topic):
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=1500)
+    parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+    consumer.assign(parts)
+    consumer.seek_to_beginning(*parts)
+    events = [decode(r.value) for r in consumer]
+    consumer.close()
+    return events
+
+
+def _trainer(broker, data_dir, log_name):
+    args = [*AGENTSTREAM, "trainer", "--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir)]
+    args += ["--kinds", "sft,dpo,dpo_step,grpo", "--batch-trajectories", "40", "--flush-interval-s", "0.3"]
+    args += ["--group-size", str(GROUP), "--group-timeout-s", "600", "--log-level", "WARNING"]
+    return Proc(args, data_dir.parent / log_name)
+
+
+def test_exactly_once_under_kill9(broker, data_dir):
+    from infra.kafka_clients import ensure_topics
+
+    ensure_topics(broker.bootstrap)
+    trajectories = synthetic(1000, group_size=GROUP)
+    # content copies under new ids: dedup must keep them out of every batch
+    copies = [t.model_copy(update={"trajectory_id": f"copy-{t.trajectory_id}"}) for t in trajectories[:20]]
+    producer = _producer(broker.bootstrap)
+    store = BatchStore(data_dir)
+    rng = random.Random(7)
+    proc = _trainer(broker, data_dir, "trainer-0.log")
+    try:
+        for round_ in range(5):
+            _publish(
+                producer, trajectories[round_ * 200 : (round_ + 1) * 200] + (copies if round_ == 1 else [])
+            )
+            before = len(store.manifests())
+            wait_for(lambda b=before: len(store.manifests()) > b, timeout_s=60, what="a new batch")
+            time.sleep(rng.uniform(0.0, 0.3))  # kill somewhere in the middle of the next batches
+            proc.kill9()
+            proc = _trainer(broker, data_dir, f"trainer-{round_ + 1}.log")
+        eligible_sft = {t.trajectory_id for t in trajectories if t.success and t.steps}
+        every = {t.trajectory_id for t in trajectories if reward_of(t) is not None}
+
+        def done():
+            have = {
+                k: Counter(i for m in store.manifests(k) for i in m.trajectory_ids)
+                for k in ("sft", "grpo", "dpo", "dpo_step")
+            }
+            complete = set(have["sft"]) >= eligible_sft and all(
+                set(have[k]) >= every for k in ("grpo", "dpo", "dpo_step")
+            )
+            return complete and have
+
+        counts = wait_for(done, timeout_s=120, interval_s=0.5, what="all trajectories batched")
+        time.sleep(1.0)  # anything extra (a duplicate batch) would show up now
+        counts = done()
+    finally:
+        proc.stop()
+        producer.close()
+    assert set(counts["sft"]) == eligible_sft
+    assert all(set(counts[k]) == every for k in ("grpo", "dpo", "dpo_step")), "copies were deduplicated"
+    for kind, counter in counts.items():
+        dupes = {i: n for i, n in counter.items() if n > 1}
+        assert not dupes, f"{kind}: trajectories in more than one batch: {list(dupes)[:5]}"
+    events = [e for e in _read_all(broker.bootstrap, topics.TRAINING_BATCHES)]
+    by_batch = {}
+    for e in events:
+        by_batch.setdefault(e.batch_id, set()).add(e.event_id)
+    manifests = store.manifests()
+    assert {m.batch_id for m in manifests} == set(by_batch), (
+        "every manifest has its batch.built and vice versa"
+    )
+    assert all(len(ids) == 1 for ids in by_batch.values()), "a re-published batch keeps its event id"
+    grpo_rows = sum(m.row_count for m in store.manifests("grpo"))
+    assert grpo_rows == 1000
+    assert all(m.extra["incomplete_groups"] == 0 for m in store.manifests("grpo"))
