@@ -33,7 +33,9 @@ def test_migrate_is_idempotent_and_sql_formats(clickhouse_url, tmp_path):
     if chdb_path(clickhouse_url) is None:
         pytest.skip("embedded-only: serving a chDB path (the docker ClickHouse is a server already)")
     assert "applied migrations: 0001, 0002" in _cli("db", "migrate", "--clickhouse-url", clickhouse_url)
-    assert "schema up to date" in _cli("db", "migrate", "--clickhouse-url", clickhouse_url)
+    assert "schema up to date" in _cli(
+        "db", "migrate", "--clickhouse-url", clickhouse_url, "--events-ttl-days", "30"
+    )
     server = _serve(clickhouse_url, free_port(), tmp_path / "serve.log")
     try:
         # the same command now goes through the serving process instead of opening the locked path
@@ -48,6 +50,8 @@ def test_migrate_is_idempotent_and_sql_formats(clickhouse_url, tmp_path):
         assert client.query(
             "SELECT score FROM agentstream.annotations WHERE step_index IS NULL"
         ).result_rows == [(0.5,)]
+        ddl = client.command("SHOW CREATE TABLE agentstream.events")
+        assert "TTL toDateTime(occurred_at) + toIntervalDay(30)" in ddl
         versions = client.query("SELECT version FROM agentstream.schema_migrations FINAL ORDER BY version")
         assert versions.result_rows == [(1,), (2,)]
         query = "SELECT trajectory_id, score FROM agentstream.annotations"

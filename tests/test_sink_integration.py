@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from infra.clickhouse.examples import EXAMPLES
 from schemas.events import (
     EpisodeEnded,
     EpisodeStarted,
@@ -101,6 +102,15 @@ def test_events_land_in_their_tables_and_poison_goes_to_dead_letters(broker, cli
             ],
             raw=[(AGENT_EVENTS, b"bad", b"{not json"), (DLQ, b"bad", b"\xff\xfe not a dead letter")],
         )
+        from producers.recorder import AgentRecorder
+
+        recorder = AgentRecorder(broker.bootstrap, tmp_path / "sdk", agent="sdk-agent", model="sdk-model")
+        with recorder.episode(task_id="sdk-task", domain="sdk", trajectory_id="traj-sdk") as episode:
+            episode.step(thought="look", tool="bash", params={"cmd": "ls"}, observation="a.py", exit_code=0)
+            episode.step(tool="edit", observation="done")
+            episode.end(success=True, score=1.0)
+        assert recorder.flush(timeout=30)
+        recorder.close()
         # unwritable: decodes (non-negative int) but does not fit the UInt32 column
         publish(broker.bootstrap, [StepRecorded(step_index=2**40, tool="x", **_env(tid, "s-huge", 6))])
         publish(broker.bootstrap, [StepRecorded(step_index=1, tool="edit", **_env(tid, "s1", 7))])
@@ -116,6 +126,19 @@ def test_events_land_in_their_tables_and_poison_goes_to_dead_letters(broker, cli
             what="three dead letters",
         )
 
+        sdk_where = "FINAL WHERE trajectory_id = 'traj-sdk'"
+        count_sql = f"SELECT count() FROM agentstream.steps {sdk_where}"
+        wait_for(lambda: scalar(client, count_sql) == 2, timeout_s=30, what="the SDK's steps")
+        episode_sql = (
+            f"SELECT task_id, domain, agent, model, success, score FROM agentstream.episodes {sdk_where}"
+        )
+        sdk = rows(client, episode_sql)
+        assert sdk == [("sdk-task", "sdk", "sdk-agent", "sdk-model", 1, 1.0)]
+        steps_sql = (
+            f"SELECT step_index, tool, params, observation, exit_code FROM agentstream.steps {sdk_where}"
+        )
+        sdk_steps = rows(client, steps_sql + " ORDER BY step_index")
+        assert sdk_steps == [(0, "bash", '{"cmd":"ls"}', "a.py", 0), (1, "edit", "{}", "done", None)]
         episode = rows(
             client,
             "SELECT task_id, domain, agent, model, policy_version, success, score, total_steps "
@@ -305,6 +328,19 @@ def test_kill9_replay_and_leaderboard(broker, clickhouse_url, tmp_path):
         assert final["code-m-good-0"] == (1, pytest.approx(truth[("code", "m-good")][0][1]))
         before = snapshot(client)
         board_before = _cli_leaderboard(clickhouse_url)
+        for name, sql in EXAMPLES.items():
+            assert rows(client, sql), name
+        best = {r[0]: r[1] for r in rows(client, EXAMPLES["best_model_per_domain"])}
+        assert best == {"code": "m-good", "web": "m-good"}
+        args = ["trajectory", "web-m-bad-3", "--clickhouse-url", clickhouse_url, "--format", "json"]
+        view = subprocess.run([*AGENTSTREAM, *args], capture_output=True, text=True, timeout=60, check=True)
+        shown = json.loads(view.stdout)
+        assert shown["episode"]["model"] == "m-bad" and shown["episode"]["reward"] == pytest.approx(
+            truth[("web", "m-bad")][3][1]
+        )
+        assert [(s["step"], s["tool"], s["rule"], s["process"], s["judge"]) for s in shown["steps"]] == [
+            (k, "bash", 0.5, 0.5, None) for k in range(STEPS)
+        ]
         client.close()
     finally:
         second.proc.stop()
