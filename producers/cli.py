@@ -33,7 +33,7 @@ def register(sub) -> None:
         default=30.0,
         help="wait this long for broker acks (503 after)",
     )
-    add_option(gateway, "--client", default="aiokafka", help="Kafka client: aiokafka or kafka-python")
+    add_option(gateway, "--client", default="kafka-python", help="Kafka client: kafka-python or aiokafka")
     add_option(gateway, "--ready-file", help="write host:port here once listening")
 
     key = command_parser(

@@ -264,3 +264,26 @@ def test_broker_down_gets_503_naming_the_unacknowledged_events_and_healthz_503()
     assert body["accepted"] == 0 and body["partial"] is False
     assert body["unacknowledged_event_ids"] == [event["event_id"]] and body["acknowledged_event_ids"] == []
     assert health_status == 503
+
+
+@pytest.mark.integration
+def test_the_aiokafka_publisher_delivers_too(gateway):
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from producers.gateway import create_app
+
+    _, broker = gateway
+    config = GatewayConfig(
+        bootstrap_servers=broker.bootstrap, api_key_hashes=frozenset({hash_key(KEY)}), client="aiokafka"
+    )
+    traj = f"traj-{uuid.uuid4()}"
+    batch = [started_json(traj), step_json(traj, 0)]
+
+    async def go():
+        async with TestClient(TestServer(create_app(config))) as client:
+            response = await client.post("/v1/events", json=batch, headers={"X-API-Key": KEY})
+            return response.status, await response.json()
+
+    status, body = asyncio.run(go())
+    assert status == 202 and body["accepted"] == 2
+    assert [e["event_id"] for e in events_of(broker.bootstrap, traj, min_records=2)] == body["event_ids"]
