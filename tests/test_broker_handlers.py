@@ -22,7 +22,7 @@ from tests.broker_fixtures.raw_client import record_batch
 
 @pytest.fixture
 def state(tmp_path):
-    config = BrokerConfig(data_dir=tmp_path / "broker")
+    config = BrokerConfig(data_dir=tmp_path / "broker", flush="interval")  # no group-commit task here
     broker_state = BrokerState(config, open_store(config))
     yield broker_state
     broker_state.store.close()

@@ -7,6 +7,7 @@ built at the request's version. Topic metadata comes from the store; this module
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from kafka.protocol.admin import (
@@ -264,7 +265,11 @@ def _describe_resource(state: BrokerState, resource):
 
 def _config_entries(state: BrokerState, overrides: dict[str, str]) -> list:
     entry_class = DescribeConfigsResponse.DescribeConfigsResult.DescribeConfigsResourceResult
-    defaults = topic_defaults(state.store.default_config)
+    cfg = state.config
+    policy = dataclasses.replace(
+        state.store.default_config, flush=cfg.flush, flush_interval_ms=cfg.flush_interval_ms
+    )
+    defaults = topic_defaults(policy)  # what the broker does (group commit included), not the log setting
     entries = []
     for name in sorted({*defaults, *overrides}):
         overridden = name in overrides

@@ -59,12 +59,37 @@ def append_error_code(exc: Exception) -> int:
 async def handle_produce(state: BrokerState, req: Request):
     body = req.body
     refusal = _produce_refusal(body)
-    topics = [_produce_topic(state, topic, refusal) for topic in body.topic_data]
-    if refusal is None:
-        state.appended.notify()
+    appended: dict[int, object] = {}  # id(log) -> log that received records
+    topics = [_produce_topic(state, topic, refusal, appended) for topic in body.topic_data]
+    logs = list(appended.values())
     if body.acks == 0:
+        _make_durable_later(state, logs)
         return None  # aiokafka and kafka-python do not read a response for acks=0
+    if logs and state.acks_wait_for_fsync:
+        try:
+            await state.commit.durable(logs)
+        except Exception as exc:  # nothing acknowledged that is not on disk
+            log.error("produce not acknowledged, fsync failed: %s", exc)
+            topics = [_storage_failed(topic, str(exc)) for topic in topics]
+    if logs:
+        state.appended.notify()
     return ProduceResponse(version=req.api_version, throttle_time_ms=0, responses=topics)
+
+
+def _make_durable_later(state: BrokerState, logs: list) -> None:
+    if logs and state.acks_wait_for_fsync:
+        state.commit.schedule(logs)
+    if logs:
+        state.appended.notify()
+
+
+def _storage_failed(topic, message: str):
+    for partition in topic.partition_responses:
+        if partition.error_code == ErrorCode.NONE:
+            partition.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+            partition.base_offset = -1
+            partition.error_message = f"fsync failed: {message}"
+    return topic
 
 
 def _produce_refusal(body) -> tuple[int, str] | None:
@@ -75,13 +100,15 @@ def _produce_refusal(body) -> tuple[int, str] | None:
     return None
 
 
-def _produce_topic(state: BrokerState, topic, refusal: tuple[int, str] | None):
+def _produce_topic(state: BrokerState, topic, refusal: tuple[int, str] | None, appended: dict):
     topic_class = ProduceResponse.TopicProduceResponse
-    partitions = [_produce_partition(state, topic.name, data, refusal) for data in topic.partition_data]
+    partitions = [
+        _produce_partition(state, topic.name, data, refusal, appended) for data in topic.partition_data
+    ]
     return topic_class(name=topic.name, partition_responses=partitions)
 
 
-def _produce_partition(state: BrokerState, topic: str, data, refusal: tuple[int, str] | None):
+def _produce_partition(state: BrokerState, topic: str, data, refusal: tuple[int, str] | None, appended: dict):
     partition_class = ProduceResponse.TopicProduceResponse.PartitionProduceResponse
     if refusal is not None:
         return _produce_error(partition_class, data.index, *refusal)
@@ -92,6 +119,7 @@ def _produce_partition(state: BrokerState, topic: str, data, refusal: tuple[int,
         code = append_error_code(exc)
         log.warning("produce to %s[%d] refused (%s): %s", topic, data.index, ErrorCode(code).name, exc)
         return _produce_error(partition_class, data.index, code, str(exc))
+    appended[id(partition_log)] = partition_log
     return partition_class(
         index=data.index,
         error_code=0,  # a duplicate (retried) batch is acknowledged with its original offsets

@@ -17,6 +17,8 @@ from infra.broker.state import BrokerConfig, BrokerState
 
 log = logging.getLogger(__name__)
 
+NEVER_MS = 2**62  # an interval no append reaches: flushing is left to the group commit
+
 
 def config_from_args(args) -> BrokerConfig:
     """A `BrokerConfig` from parsed `agentstream broker` options."""
@@ -51,7 +53,11 @@ def open_store(config: BrokerConfig):
     from infra.broker.log import LogConfig
     from infra.broker.store import BrokerStore
 
-    defaults = LogConfig(flush=config.flush, flush_interval_ms=config.flush_interval_ms)
+    if config.flush == "always":
+        # the group commit (durability.py) fsyncs before every acknowledgement, so appends only write
+        defaults = LogConfig(flush="interval", flush_interval_ms=NEVER_MS)
+    else:
+        defaults = LogConfig(flush="interval", flush_interval_ms=config.flush_interval_ms)
     return BrokerStore(config.data_dir, defaults)
 
 

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 _SIZE = struct.Struct(">i")
 MIN_REQUEST_BYTES = 8  # api_key, api_version, correlation_id
 STREAM_BUFFER_BYTES = 1 << 20
+MAX_IN_FLIGHT = 32  # requests read ahead per connection before reading pauses
 
 
 class ConnectionClosed(Exception):
@@ -62,6 +63,7 @@ class BrokerServer:
         host, port = self._server.sockets[0].getsockname()[:2]
         self.state.advertised_host, self.state.advertised_port = host, port
         self.state.groups.start()
+        self.state.commit.start()
         self._start_background()
         log.info("broker listening on %s:%d (data dir %s)", host, port, cfg.data_dir)
         return host, port
@@ -85,6 +87,7 @@ class BrokerServer:
             task.cancel()
         await asyncio.gather(*self._connections, *self._background, return_exceptions=True)
         await self.state.groups.close()
+        await self.state.commit.close()
         self.state.store.flush_all()
         self.state.store.close()
         log.info("broker stopped; storage flushed and closed")
@@ -92,29 +95,51 @@ class BrokerServer:
     # -- one connection --------------------------------------------------------------------------
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read frames and start answering each at once; a second coroutine writes answers in order.
+
+        Requests start in arrival order and run until their first wait (a produce appends before it
+        waits for its fsync), so pipelined produces share one group commit and keep their order.
+        """
         task = asyncio.current_task()
         self._connections.add(task)
         peer = _peer_name(writer)
+        answers: asyncio.Queue = asyncio.Queue(maxsize=MAX_IN_FLIGHT)
+        responder = asyncio.get_running_loop().create_task(self._write_answers(answers, writer, peer))
         try:
-            while True:
+            while not responder.done():
                 payload = await self._read_frame(reader, peer)
                 if payload is None:
                     break
-                response = await self._respond(payload, peer)
-                if response:
-                    writer.write(response)
-                    await writer.drain()
+                await answers.put(asyncio.get_running_loop().create_task(self._respond(payload, peer)))
         except ConnectionClosed:
             pass
         except (ConnectionError, asyncio.IncompleteReadError):
             log.debug("connection from %s dropped", peer)
         except asyncio.CancelledError:
-            pass
-        except Exception:
-            log.exception("connection from %s failed; closing it", peer)
+            responder.cancel()
         finally:
+            if not responder.done():
+                await _put_end_marker(answers, responder)  # answer what was already read, then close
+            await asyncio.gather(responder, return_exceptions=True)
             self._connections.discard(task)
             writer.close()
+
+    async def _write_answers(self, answers: asyncio.Queue, writer: asyncio.StreamWriter, peer: str) -> None:
+        try:
+            while (pending := await answers.get()) is not None:
+                response = await pending
+                if response:
+                    writer.write(response)
+                    await writer.drain()
+        except ConnectionClosed:
+            pass
+        except (ConnectionError, asyncio.CancelledError):
+            log.debug("connection from %s dropped", peer)
+        except Exception:
+            log.exception("request from %s failed; closing the connection", peer)
+        finally:
+            writer.close()
+            _cancel_queued(answers)
 
     async def _read_frame(self, reader: asyncio.StreamReader, peer: str) -> bytes | None:
         try:
@@ -169,6 +194,20 @@ class BrokerServer:
             raise ConnectionClosed
         log.info("UNSUPPORTED_VERSION for api_key=%d v%d from %s", header.api_key, header.api_version, peer)
         return answer
+
+
+async def _put_end_marker(answers: asyncio.Queue, responder: asyncio.Task) -> None:
+    try:
+        await answers.put(None)
+    except asyncio.CancelledError:
+        responder.cancel()
+
+
+def _cancel_queued(answers: asyncio.Queue) -> None:
+    while not answers.empty():
+        pending = answers.get_nowait()
+        if pending is not None:
+            pending.cancel()
 
 
 def _peer_name(writer: asyncio.StreamWriter) -> str:

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.broker.durability import GroupCommit
 from infra.broker.groups import CoordinatorConfig, GroupCoordinator
 from infra.broker.protocol import LEAN_PROFILE
 
@@ -64,10 +65,15 @@ class BrokerState:
         self.store = store
         self.groups = GroupCoordinator(config.coordinator)
         self.appended = AppendSignal()
+        self.commit = GroupCommit()
         self.node_id = NODE_ID
         self.cluster_id = CLUSTER_ID
         self.advertised_host = config.host
         self.advertised_port = config.port
+
+    @property
+    def acks_wait_for_fsync(self) -> bool:
+        return self.config.flush == "always"
 
     @property
     def profile(self) -> dict[int, tuple[int, int]]:
