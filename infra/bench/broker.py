@@ -1,7 +1,8 @@
 """`agentstream bench broker`: embedded-broker throughput with real clients, and crash recovery time.
 
-Starts `agentstream broker` as a subprocess on a free port (flush policy as given; default fsync
-before every acknowledgement), then for kafka-python and aiokafka and each message size produces
+Starts `agentstream broker` as a subprocess on a free port, once per flush policy (`always`: fsync
+before every acknowledgement, the default; `interval`: the non-durable peer measured in the same
+run), then for kafka-python and aiokafka and each message size produces
 `--messages` records (acks=all, linger 5 ms) to a fresh one-partition topic and consumes them back
 from the beginning, timing both. Figures are medians over `--repeats`. Recovery is measured by the
 storage layer's `measure_recovery`: fill a partition log with `--recovery-bytes`, simulate kill -9
@@ -31,7 +32,9 @@ def add_arguments(parser) -> None:
         help="comma-separated message sizes in bytes (sizes above 200 B send a quarter of --messages)",
     )
     parser.add_argument(
-        "--flush", choices=["always", "interval"], default="always", help="broker flush policy"
+        "--flush",
+        default="always,interval",
+        help="comma-separated broker flush policies to compare (always: fsync before every ack)",
     )
     parser.add_argument(
         "--recovery-bytes",
@@ -47,17 +50,21 @@ def run(args) -> dict:
 
     sizes = [int(s) for s in str(args.sizes).split(",") if s]
     clients = [c for c in str(args.clients).split(",") if c]
+    policies = [p for p in str(args.flush).split(",") if p]
+    rows = []
     with tempfile.TemporaryDirectory(prefix="agentstream-bench-broker-") as scratch:
-        with BrokerProcess(Path(scratch) / "broker", args.flush) as bootstrap:
-            rows = [
-                _measure(bootstrap, client, size, _count_for(args.messages, size), args.repeats)
-                for client in clients
-                for size in sizes
-            ]
+        for policy in policies:
+            with BrokerProcess(Path(scratch) / f"broker-{policy}", policy) as bootstrap:
+                for client in clients:
+                    for size in sizes:
+                        count = _count_for(args.messages, size)
+                        rows.append(
+                            {"flush": policy, **_measure(bootstrap, client, size, count, args.repeats)}
+                        )
         recovery = _recovery(Path(scratch) / "recovery", args.recovery_bytes)
     if recovery:
-        rows.append(_recovery_row(recovery))
-    return {"rows": rows, "recovery": recovery, "flush": args.flush, "machine": machine()}
+        rows.append({"flush": "-", **_recovery_row(recovery)})
+    return {"rows": rows, "recovery": recovery, "machine": machine()}
 
 
 def _count_for(messages: int, size: int) -> int:
