@@ -1,8 +1,9 @@
 """Background maintenance of the broker: periodic jobs such as retention and interval flushes.
 
-`run_periodically` runs a synchronous job every `interval_s` on the event loop (the jobs are short
-file operations: deleting whole old segments, fdatasync). A failing job is logged and retried at
-the next tick; it never stops the broker.
+`run_periodically` runs a synchronous job every `interval_s` in a worker thread (the jobs are file
+operations on the thread-safe store: deleting whole old segments, fdatasync), so the event loop
+keeps serving clients meanwhile. A failing job is logged and retried at the next tick; it never
+stops the broker.
 """
 
 from __future__ import annotations
@@ -19,6 +20,6 @@ async def run_periodically(name: str, interval_s: float, job: Callable[[], objec
     while True:
         await asyncio.sleep(interval_s)
         try:
-            job()
+            await asyncio.to_thread(job)
         except Exception:
             log.exception("periodic %s job failed; retrying in %.1fs", name, interval_s)
