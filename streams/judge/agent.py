@@ -23,6 +23,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, MutableMapping
 
+import orjson
+
 from streams.judge.config import JudgeConfig, resolve_config
 
 log = logging.getLogger(__name__)
@@ -58,14 +60,24 @@ def _add_agents(app, cfg: JudgeConfig, processor) -> None:
     source = app.topic(AGENT_EVENTS, value_serializer="raw", key_serializer="raw")
     sink = app.topic(REWARD_JUDGE, value_serializer="raw", key_serializer="raw")
     groups_topic = app.topic(
-        f"{app.conf.id}-{GROUPS_NAME}", value_serializer="raw", key_serializer="raw", partitions=partitions
+        f"{app.conf.id}-{GROUPS_NAME}",
+        value_serializer="raw",
+        key_serializer="raw",
+        partitions=partitions,
+        internal=True,  # faust creates it at start-up
     )
     # use_partitioner: a key's changelog partition comes from the producer's partitioner (murmur2 of
     # the key bytes), the same as the source topics', so table writes from a batch (take_events)
     # or a timer land in the right partition without faust's per-event context.
-    table_options = {"partitions": partitions, "use_partitioner": True, "key_serializer": "raw"}
-    trajectories = app.Table(f"{NAME}-trajectories", value_serializer="json", **table_options)
-    groups = app.Table(GROUPS_NAME, value_serializer="json", **table_options)
+    # key_type/value_type bytes: the raw serializer for the changelog too (recovery decodes with it).
+    table_options = {
+        "partitions": partitions,
+        "use_partitioner": True,
+        "key_type": bytes,
+        "value_type": bytes,
+    }
+    trajectories = app.Table(f"{NAME}-trajectories", **table_options)
+    groups = app.Table(GROUPS_NAME, **table_options)
     processor.state = BytesKeyed(trajectories)
     processor.groups = BytesKeyed(groups)
 
@@ -114,17 +126,18 @@ async def _publish(app, sink, groups_topic, result) -> None:
 
 
 class BytesKeyed(MutableMapping):
-    """A str-keyed view of a faust table stored with raw (utf-8 bytes) keys, so the changelog key
-    bytes equal the source topic's key bytes (same partition) and recovered keys read back."""
+    """A str-keyed, dict-valued view of a faust table stored as raw bytes: keys utf-8 (so the
+    changelog key bytes equal the source topic's key bytes, hence the same partition, and recovered
+    keys read back), values orjson."""
 
     def __init__(self, table):
         self.table = table
 
     def __getitem__(self, key: str):
-        return self.table[key.encode()]
+        return orjson.loads(self.table[key.encode()])
 
     def __setitem__(self, key: str, value) -> None:
-        self.table[key.encode()] = value
+        self.table[key.encode()] = orjson.dumps(value)
 
     def __delitem__(self, key: str) -> None:
         del self.table[key.encode()]
@@ -136,4 +149,5 @@ class BytesKeyed(MutableMapping):
         return len(self.table)
 
     def get(self, key: str, default=None):
-        return self.table.get(key.encode(), default)
+        raw = self.table.get(key.encode())
+        return default if raw is None else orjson.loads(raw)

@@ -83,10 +83,17 @@ class JudgeConfig(BaseSettings):
 
 def resolve_config(config: object | None) -> JudgeConfig:
     """A `JudgeConfig` from what a caller passes: one itself, an object with a `.judge` attribute
-    holding one, or None / anything else (read from the environment)."""
+    holding one, or None / anything else (read from the environment; a `judge_rules_path`
+    attribute, as on the worker's config, overrides the rules file)."""
     if isinstance(config, JudgeConfig):
         return config
     nested = getattr(config, "judge", None)
     if isinstance(nested, JudgeConfig):
         return nested
-    return JudgeConfig()
+    judge = JudgeConfig()
+    # The worker's --judge-rules (WorkerConfig.judge_rules_path) wins over the environment, so the
+    # assembler and the judge always read the same rules file.
+    rules_path = getattr(config, "judge_rules_path", None)
+    if rules_path is not None:
+        judge = judge.model_copy(update={"rules_path": Path(rules_path)})
+    return judge

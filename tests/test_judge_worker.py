@@ -1,0 +1,111 @@
+"""The judge role of `agentstream worker` (a real faust worker process) against the embedded broker
+and the local Messages-API server, with the real anthropic SDK."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from infra.kafka_clients import ensure_topics
+from schemas.codec import decode, encode, encode_key
+from schemas.topics import AGENT_EVENTS, DLQ, REWARD_JUDGE
+from streams.judge.selection import sample_fraction
+from tests.judge_server import MessagesServer
+from tests.support.processes import AGENTSTREAM, Proc, wait_for
+from tests.test_judge_processor import trajectory
+
+pytestmark = pytest.mark.integration
+
+
+def _produce(bootstrap: str, events, raw: list[bytes] = ()) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    for event in events:
+        producer.send(AGENT_EVENTS, key=encode_key(event), value=encode(event))
+    for payload in raw:
+        producer.send(AGENT_EVENTS, key=b"bad", value=payload)
+    producer.flush()
+    producer.close()
+
+
+class TopicReader:
+    def __init__(self, bootstrap: str, topic: str):
+        from kafka import KafkaConsumer
+
+        self.consumer = KafkaConsumer(
+            topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+        )
+        self.events = []
+
+    def poll(self):
+        for records in self.consumer.poll(timeout_ms=200).values():
+            self.events += [decode(r.value) for r in records]
+        return self.events
+
+    def close(self):
+        self.consumer.close()
+
+
+def _worker(broker, tmp_path, server, rules_path, name):
+    env = {
+        "ANTHROPIC_API_KEY": "dummy-key",
+        "AGENTSTREAM_JUDGE_BASE_URL": server.url,
+        "AGENTSTREAM_JUDGE_BACKOFF_BASE_S": "0.05",
+    }
+    args = [*AGENTSTREAM, "worker", "--roles", "judge", "--bootstrap-servers", broker.bootstrap]
+    args += ["--data-dir", str(tmp_path / "data"), "--judge-rules", str(rules_path), "--log-level", "INFO"]
+    return Proc(args, tmp_path / f"{name}.log", env)
+
+
+def test_worker_scores_sampled_trajectories_only_and_sampling_is_stable_across_restarts(broker, tmp_path):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: half\n    mode: step\n    rate: 0.5\n    batch_steps: 2\n")
+    ensure_topics(broker.bootstrap)
+    first = [f"w1-{n}" for n in range(8)]
+    second = [f"w2-{n}" for n in range(8)]
+    sampled = {t for t in first + second if sample_fraction(t) < 0.5}
+    assert sampled & set(first) and sampled & set(second) and len(sampled) < 16
+
+    with MessagesServer() as server:
+        reader = TopicReader(broker.bootstrap, REWARD_JUDGE)
+        dlq = TopicReader(broker.bootstrap, DLQ)
+        _produce(
+            broker.bootstrap, [e for t in first for e in trajectory(t, n=3, task=f"task {t}")], [b"\xff"]
+        )
+        worker = _worker(broker, tmp_path, server, rules, "worker1")
+        try:
+            want = 3 * len(sampled & set(first))
+            wait_for(
+                lambda: len(reader.poll()) >= want,
+                90,
+                what=f"{want} judge scores\n{worker.log_text()[-3000:]}",
+            )
+        finally:
+            worker.stop()
+        worker = _worker(broker, tmp_path, server, rules, "worker2")  # restarted worker, new trajectories
+        try:
+            _produce(broker.bootstrap, [e for t in second for e in trajectory(t, n=3, task=f"task {t}")])
+            want = 3 * len(sampled)
+            wait_for(
+                lambda: len(reader.poll()) >= want,
+                90,
+                what=f"{want} judge scores\n{worker.log_text()[-3000:]}",
+            )
+            time.sleep(1.0)
+            events = reader.poll()
+            wait_for(lambda: any(e.stage == "judge" for e in dlq.poll()), 30, what="the judge's dead letter")
+        finally:
+            worker.stop()
+            reader.close()
+            dlq.close()
+
+    scored = [e for e in events if e.type == "reward.judge.step"]
+    assert {e.trajectory_id for e in scored} == sampled  # and nothing for the others
+    assert len({e.event_id for e in scored}) == 3 * len(sampled)  # replays, if any, reuse ids
+    for e in scored:
+        assert e.scores and e.score is not None and e.rationale
+        assert e.judge_model == "claude-sonnet-4-6" and e.prompt_version == "judge-v1"
+        assert e.input_tokens > 0 and e.output_tokens > 0 and e.cost_usd > 0
+    assert len(server.requests) <= 2 * len(sampled) + 2  # 3 steps in 2 calls per trajectory (+ replays)
