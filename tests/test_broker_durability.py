@@ -103,7 +103,7 @@ def test_kill9_during_acks_all_keeps_every_acknowledged_message_once(broker, tmp
 def _tear_and_recover(broker, topic: str, before: dict[int, list[tuple[int, bytes]]]) -> None:
     """Append half a batch to partition 0's active segment, as a crash mid-write would leave."""
     broker.proc.kill9()
-    segment = max((broker.data_dir / f"{topic}-0").glob("*.log"), key=lambda p: int(p.stem))
+    segment = max((broker.data_dir / "broker" / f"{topic}-0").glob("*.log"), key=lambda p: int(p.stem))
     with segment.open("ab") as fh:
         fh.write(b"\x00\x00\x00\x00\x00\x00\x99\x99\x00\x00\x40\x00torn-batch-garbage")
     broker.restart()
@@ -124,7 +124,7 @@ def test_retention_deletes_whole_segments_and_moves_log_start(tmp_path):
         for i in range(200):
             producer.send("short-lived", value=b"%04d" % i + b"x" * 200).get(timeout=10)
         producer.close()
-        partition_dir = broker.data_dir / "short-lived-0"
+        partition_dir = broker.data_dir / "broker" / "short-lived-0"
         wait_for(
             lambda: end_offset(broker.bootstrap, "short-lived", 0, earliest=True) > 0, 20, what="retention"
         )

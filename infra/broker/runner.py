@@ -24,11 +24,8 @@ def config_from_args(args) -> BrokerConfig:
     """A `BrokerConfig` from parsed `agentstream broker` options."""
     from schemas.settings import Settings
 
-    data_dir = (
-        Path(Settings.from_args(args).data_dir) / "broker" if not args.data_dir else Path(args.data_dir)
-    )
     return BrokerConfig(
-        data_dir=data_dir,
+        data_dir=broker_dir(Settings.from_args(args).data_dir),
         host=args.host,
         port=args.port,
         flush=args.flush,
@@ -39,6 +36,11 @@ def config_from_args(args) -> BrokerConfig:
         retention_check_interval_ms=args.retention_check_interval_ms,
         coordinator=CoordinatorConfig(initial_rebalance_delay_ms=args.initial_rebalance_delay_ms),
     )
+
+
+def broker_dir(data_dir: Path) -> Path:
+    """Where the broker keeps its logs inside the agentstream data directory (like chDB's `clickhouse/`)."""
+    return Path(data_dir) / "broker"
 
 
 def run(args) -> int:
