@@ -17,12 +17,13 @@ from collections import defaultdict
 from consumers.sink.base import Rejected, Sink, Source
 from consumers.sink.rows import COLUMNS
 from infra.clickhouse import DATABASE
+from schemas.errors import AgentstreamError
 
 log = logging.getLogger(__name__)
 
 
-class SinkUnavailable(Exception):
-    """ClickHouse stayed unreachable for longer than the retry budget."""
+class SinkUnavailable(AgentstreamError):
+    """ClickHouse stayed unreachable for longer than the retry budget (the worker exits 1)."""
 
 
 def is_retryable(exc: BaseException) -> bool:

@@ -135,6 +135,10 @@ class SinkWorker:
         self.stats["dead_letters"] += len(self._dead)
         self._dead.clear()
 
+    def forget_offsets(self) -> None:
+        self._offsets.clear()
+        self._records = 0
+
     def _commit(self) -> None:
         from kafka.structs import OffsetAndMetadata
 
@@ -176,8 +180,16 @@ def _rebalance_listener(worker_ref: list):
 
     class FlushOnRevoke(ConsumerRebalanceListener):
         def on_partitions_revoked(self, revoked):
-            if worker_ref:
+            from kafka.errors import KafkaError
+
+            if not worker_ref:
+                return
+            try:
                 worker_ref[0].flush()  # commit what we consumed before someone else takes over
+            except KafkaError as exc:
+                # the rows are written; the new owner re-reads them and the tables deduplicate
+                log.warning("commit on revocation failed (%s); the next owner will re-deliver", exc)
+                worker_ref[0].forget_offsets()
 
         def on_partitions_assigned(self, assigned):
             log.info("sink assigned %d partitions", len(assigned))
