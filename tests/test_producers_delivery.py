@@ -147,3 +147,33 @@ def test_spool_cli_reports_and_flushes_what_a_dead_recorder_left(tmp_path, data_
         assert_exactly_once_in_order(read_topic(broker.bootstrap, AGENT_EVENTS, 14), trajectories=2, steps=5)
     finally:
         broker.stop()
+
+
+def test_kill9_while_recording_keeps_every_step_the_caller_was_told_is_durable(broker, tmp_path, data_dir):
+    """An external kill -9 at an arbitrary moment of recording + delivery, then a restart."""
+    import re
+
+    streamer = Proc([*SCRIPT, "stream", broker.bootstrap, str(data_dir)], tmp_path / "stream.log")
+
+    def durable() -> int:
+        counts = [int(n) for n in re.findall(r"DURABLE (\d+)", streamer.log_text())]
+        return max(counts, default=0)
+
+    def delivering() -> bool:
+        return durable() >= 600 and count_records(broker.bootstrap, AGENT_EVENTS) >= 200
+
+    wait_for(delivering, timeout_s=60, what="600 durable steps and 200 delivered")
+    streamer.kill9()
+    acknowledged = durable()
+    again = Proc([*SCRIPT, "deliver", broker.bootstrap, str(data_dir)], tmp_path / "deliver.log")
+    wait_for(lambda: not again.alive(), timeout_s=60, what="the restarted producer to finish")
+    assert "DELIVERED" in again.log_text(), again.log_text()[-2000:]
+    again.stop()
+    events = [r["value"] for r in read_topic(broker.bootstrap, AGENT_EVENTS, acknowledged + 1)]
+    ids = Counter(e["event_id"] for e in events)
+    assert max(ids.values()) == 1, "an event was delivered twice"
+    steps = sorted(e["step_index"] for e in events if e["type"] == "step.recorded")
+    assert steps == list(range(len(steps))), "the delivered steps are not a gap-free prefix"
+    assert len(steps) >= acknowledged, (
+        f"{acknowledged} steps were confirmed durable, only {len(steps)} arrived"
+    )

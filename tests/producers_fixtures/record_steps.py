@@ -2,6 +2,10 @@
 
     python -m tests.producers_fixtures.record_steps record BOOTSTRAP DATA_DIR TRAJECTORIES STEPS
     python -m tests.producers_fixtures.record_steps deliver BOOTSTRAP DATA_DIR [--die-after N]
+    python -m tests.producers_fixtures.record_steps stream BOOTSTRAP DATA_DIR
+
+`stream` records one long trajectory (`traj-stream`) and prints `DURABLE n` each time
+`flush(until="spooled")` confirmed the first n steps: what the caller was told is safe.
 
 `--die-after N` sends SIGKILL to this very process right after the broker acknowledged the N-th
 chunk and *before* the spool cursor moved: a kill -9 inside the in-doubt window, deterministically.
@@ -13,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from producers.delivery import SpoolDelivery
 from producers.recorder import AgentRecorder
@@ -52,9 +57,22 @@ def deliver(bootstrap: str, data_dir: str, die_after: int | None) -> int:
     return 0 if ok else 1
 
 
+def stream(bootstrap: str, data_dir: str) -> int:
+    rec = AgentRecorder(bootstrap, data_dir, agent="kill9", chunk_records=10)
+    ep = rec.episode(task_id="stream", trajectory_id="traj-stream")
+    for i in range(100_000):
+        ep.step(tool="bash", params={"i": i}, observation="o" * 2048)
+        if (i + 1) % 50 == 0 and rec.flush(30, until="spooled"):
+            print("DURABLE", i + 1, flush=True)
+            time.sleep(0.01)  # an agent thinks between steps; lets the delivery thread run
+    return 0
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     mode, bootstrap, data_dir, *rest = sys.argv[1:]
     if mode == "record":
         sys.exit(record(bootstrap, data_dir, int(rest[0]), int(rest[1])))
+    if mode == "stream":
+        sys.exit(stream(bootstrap, data_dir))
     sys.exit(deliver(bootstrap, data_dir, int(rest[1]) if rest[:1] == ["--die-after"] else None))
