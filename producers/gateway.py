@@ -29,6 +29,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import signal
 import time
 import uuid
 from dataclasses import dataclass
@@ -486,7 +487,7 @@ async def _openapi(request):
 
 
 async def serve(config: GatewayConfig, host: str, port: int, ready_file: str | None = None) -> None:
-    """Run the gateway until cancelled; writes "host:port" to `ready_file` once listening."""
+    """Run the gateway until SIGTERM/SIGINT; writes "host:port" to `ready_file` once listening."""
     from aiohttp import web
 
     runner = web.AppRunner(create_app(config), access_log=None)
@@ -500,7 +501,12 @@ async def serve(config: GatewayConfig, host: str, port: int, ready_file: str | N
         from pathlib import Path
 
         Path(ready_file).write_text(address)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
+        log.info("gateway stopping: in-flight requests finish, then the producer closes")
     finally:
         await runner.cleanup()
