@@ -336,6 +336,7 @@ class TrainingExecutor:
         elapsed = time.perf_counter() - start
         return {
             "loss": sum(losses) / len(losses),
+            "loss_first_epoch": first,
             "tokens": float(tokens),
             "tokens_per_s": tokens / elapsed,
             **extra,
