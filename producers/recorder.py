@@ -27,6 +27,11 @@ What "acknowledged" means (the no-loss contract):
 - Replays never duplicate: see `producers.delivery` for the exact guarantee. Event ids are
   deterministic (`derived_event_id(type, trajectory_id[, step_index])`).
 
+Limits: the spool grows without bound while the broker is away (it is local disk, `spool status`
+shows it); a recorder's threads do not survive `fork()`, so create one recorder per process; a disk
+that cannot be written makes every later `step()` and `flush()` raise `ProducerError` (the events of
+the batch being written at that moment are reported lost that way, never silently).
+
 Buffer policy when full (`on_full`): "block" waits up to `block_timeout_s` for room, then raises
 `RecorderBufferFull`; "raise" raises at once. The buffer only fills when the disk cannot keep up: a
 broker outage does not block the agent, it grows the spool.
