@@ -162,6 +162,7 @@ class JudgeClient:
                 max_retries=0,
             )
             self._semaphore = asyncio.Semaphore(self.config.concurrency)
+            _quiet_http_logs()
         return self._sdk
 
     async def close(self) -> None:
@@ -233,6 +234,15 @@ class JudgeClient:
             self.breaker.trial_in_flight = False
         else:
             self.breaker.record_failure()
+
+
+def _quiet_http_logs() -> None:
+    """The HTTP client logs every request at INFO; one line per judge call would drown a worker's
+    log. Raise it to WARNING unless someone configured those loggers explicitly."""
+    for name in ("httpx", "httpx2", "httpcore"):
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
 
 
 def _is_call_error(exc: Exception) -> bool:

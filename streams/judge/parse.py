@@ -17,6 +17,7 @@ be recovered from raises `ParseError`, which the processor turns into a `reward.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -37,7 +38,7 @@ class ParseError(AgentstreamError):
 def extract_json(text: str) -> dict:
     """The JSON object in a model reply, repaired if needed; ParseError if none can be recovered."""
     for candidate in _candidates(text):
-        for attempt in (candidate, *_repairs(candidate)):
+        for attempt in itertools.chain((candidate,), _repairs(candidate)):  # lazily: repairs cost
             try:
                 value = json.loads(attempt)
             except ValueError:
