@@ -117,3 +117,71 @@ def test_exactly_once_under_kill9(broker, data_dir):
     grpo_rows = sum(m.row_count for m in store.manifests("grpo"))
     assert grpo_rows == 1000
     assert all(m.extra["incomplete_groups"] == 0 for m in store.manifests("grpo"))
+
+
+def test_republishes_a_batch_whose_event_was_lost(broker, data_dir):
+    from infra.kafka_clients import ensure_topics
+
+    ensure_topics(broker.bootstrap)
+    meta = {
+        "trajectory_ids": ["t1"],
+        "content_hashes": ["h1"],
+        "source_offsets": {},
+        "reward_versions": [],
+        "calibration_versions": [],
+        "policy_versions": [],
+        "builder_config": {},
+    }
+    manifest = BatchStore(data_dir).write("sft", [{"messages": []}], meta)  # no .published marker
+    proc = _trainer(broker, data_dir, "trainer.log")
+    try:
+        wait_for(
+            lambda: any(
+                e.batch_id == manifest.batch_id for e in _read_all(broker.bootstrap, topics.TRAINING_BATCHES)
+            ),
+            timeout_s=60,
+            what="the lost batch.built to be re-published",
+        )
+    finally:
+        proc.stop()
+    [event] = _read_all(broker.bootstrap, topics.TRAINING_BATCHES)
+    assert event.event_id == manifest.event().event_id
+
+
+def test_executor_follows_batches_and_publishes_policy_updates(broker, data_dir):
+    from consumers.trainer.builders import SFTBuilder, SFTBuilderConfig
+    from infra.kafka_clients import ensure_topics
+    from tests.trainer_fixtures import golden_group
+
+    ensure_topics(broker.bootstrap)
+    rows = SFTBuilder(SFTBuilderConfig(require_success=False)).build(golden_group())
+    meta = {
+        "trajectory_ids": [r["trajectory_id"] for r in rows],
+        "content_hashes": [],
+        "source_offsets": {},
+        "reward_versions": [],
+        "calibration_versions": [],
+        "policy_versions": [],
+        "builder_config": {},
+    }
+    manifest = BatchStore(data_dir).write("sft", rows, meta)
+    producer = _producer(broker.bootstrap)
+    producer.send(
+        topics.TRAINING_BATCHES, key=manifest.batch_id.encode(), value=encode(manifest.event())
+    ).get(30)
+    producer.close()
+    common = ["--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir), "--base-model", "tiny"]
+    follow = Proc(
+        [*AGENTSTREAM, "train", "--follow", "--idle-exit-s", "3", *common], data_dir.parent / "follow.log"
+    )
+    assert follow.popen.wait(timeout=180) == 0, follow.log_text()[-3000:]
+    follow.stop()
+    [update] = _read_all(broker.bootstrap, topics.POLICY_UPDATES)
+    assert (update.policy_version, update.method, update.batch_ids) == ("v1", "sft", [manifest.batch_id])
+    assert (data_dir / "checkpoints" / "v1" / "adapter").is_dir()
+    # one batch file directly: v2, and the follow replay above did not train twice
+    once = Proc([*AGENTSTREAM, "train", "--batch", manifest.path, *common], data_dir.parent / "batch.log")
+    assert once.popen.wait(timeout=180) == 0, once.log_text()[-3000:]
+    once.stop()
+    versions = [e.policy_version for e in _read_all(broker.bootstrap, topics.POLICY_UPDATES)]
+    assert versions == ["v1", "v2"]
