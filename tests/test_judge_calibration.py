@@ -107,3 +107,46 @@ def test_map_is_published_as_an_event_and_applies_after_a_round_trip(tmp_path):
 def test_a_map_must_be_monotone():
     with pytest.raises(ValueError, match="non-decreasing"):
         CalibrationMap(version="v", xs=[0.0, 1.0], ys=[0.8, 0.2])
+
+
+def test_assembler_totals_change_with_a_published_calibration_map():
+    """The map travels as `calibration.updated` (as `agentstream calibrate --publish` sends it) into the
+    streams assembler: a trajectory assembled after it has a calibrated judge layer, a different
+    total and the map's version in `calibration_version`."""
+    from schemas.events import EpisodeEnded, EpisodeStarted, JudgeTrajectory, RuleRewardStep, StepRecorded
+    from schemas.topics import topic_for
+    from streams.judge.cli import calibration_event
+    from streams.processors import Record, TrajectoryAssembler
+    from streams.rules.profiles import ProfileRegistry
+
+    t0 = "2026-11-21T10:00:00Z"
+
+    def records(tid: str) -> list:
+        common = {"trajectory_id": tid, "occurred_at": t0}
+        events = [
+            EpisodeStarted(event_id=f"{tid}-s", producer="t", task_id="k", domain="coding", **common),
+            StepRecorded(event_id=f"{tid}-0", producer="t", step_index=0, tool="bash", **common),
+            RuleRewardStep(event_id=f"{tid}-r", producer="rules", step_index=0, score=0.8, reward_version="r",
+                           source_event_id=f"{tid}-0", **common),
+            JudgeTrajectory(event_id=f"{tid}-j", producer="judge", judge_model="m", prompt_version="v",
+                            scores={"goal_progress": 0.3}, score=0.3, **common),
+            EpisodeEnded(event_id=f"{tid}-e", producer="t", success=True, total_steps=1, **common),
+        ]  # fmt: skip
+        return [Record(topic_for(e.type), 0, i, tid.encode(), encode(e)) for i, e in enumerate(events)]
+
+    assembler = TrajectoryAssembler(ProfileRegistry(), 60.0, judge_mode=lambda started: "trajectory")
+    state: dict = {}
+
+    def feed(batch):
+        result = assembler.process(batch, state.get)
+        state.update(result.updates)
+        return result.outputs
+
+    (before,) = feed(records("before"))
+    fit = fit_calibration([0.1, 0.3, 0.6, 0.9], [0.4, 0.7, 0.8, 1.0], domain="coding", rubric="overall")
+    event = calibration_event(fit)
+    assert feed([Record(topic_for(event.type), 0, 0, event.trajectory_id.encode(), encode(event))]) == []
+    (after,) = feed(records("after"))
+    assert before.calibration_version is None and after.calibration_version == fit.map.version
+    assert after.total_reward != before.total_reward
+    assert after.total_reward > before.total_reward  # the harsh judge's 0.3 maps up to 0.7
