@@ -205,8 +205,11 @@ def _recovery(directory: Path, total_bytes: int) -> dict | None:
 def _recovery_row(recovery: dict) -> dict:
     """The recovery figure as a table row (the full measurement is in the JSON under `recovery`)."""
     seconds, gigabytes = recovery.get("recovery_warm_s"), recovery.get("total_bytes", 0) / 1e9
+    full_scan = recovery.get("full_crc_scan_s")
+    scan = f"; CRC scan of every segment: {full_scan} s" if full_scan is not None else ""
+    correct = recovery.get("correct")
     return {
-        "client": f"kill -9 recovery: {seconds} s for {gigabytes:.2f} GB (correct={recovery.get('correct')})",
+        "client": f"kill -9 recovery of {gigabytes:.2f} GB: {seconds} s{scan} (correct={correct})",
         "message_bytes": recovery.get("batch_bytes"),
         "messages": recovery.get("records"),
         "produce_msgs_s": None,
