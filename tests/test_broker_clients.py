@@ -207,6 +207,7 @@ def test_admin_describe_configs_and_duplicate_create(shared_broker):
         resource = ConfigResource(ConfigResourceType.TOPIC, "configured")
         every = admin.describe_configs([resource], config_filter="all")["topic"]["configured"]
         modified = admin.describe_configs([resource])["topic"]["configured"]
+        cluster = admin.describe_cluster()
     finally:
         admin.close()
     assert every["retention.ms"]["value"] == "12345"
@@ -214,3 +215,6 @@ def test_admin_describe_configs_and_duplicate_create(shared_broker):
     assert every["segment.bytes"]["value"], "defaults are included, not only overrides"
     assert "retention.bytes" in every
     assert set(modified) == {"retention.ms", "cleanup.policy"}, "defaults are reported as defaults"
+    node = cluster["brokers"][0]
+    assert cluster["controller_id"] == node["broker_id"], "faust sends CreateTopics to the controller"
+    assert f"{node['host']}:{node['port']}" == bootstrap
