@@ -172,4 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m infra.cli` runs this file as __main__; the command modules import `infra.cli`, a
+    # second copy with its own EnvDefault class. Run that copy so isinstance checks agree.
+    from infra.cli import main as _main
+
+    sys.exit(_main())

@@ -99,3 +99,14 @@ def test_settings_default_clickhouse_url_is_chdb_under_data_dir(tmp_path, monkey
     assert settings.resolved_clickhouse_url == f"chdb://{tmp_path / 'clickhouse'}"
     monkeypatch.setenv("AGENTSTREAM_CLICKHOUSE_URL", "http://127.0.0.1:8123")
     assert Settings(data_dir=tmp_path).resolved_clickhouse_url == "http://127.0.0.1:8123"
+
+
+def test_env_fallback_works_under_python_dash_m(tmp_path):
+    """Package-registered options fall back to the environment also under `python -m infra.cli`."""
+    import os
+
+    out = tmp_path / "codec.json"
+    env = {**os.environ, "AGENTSTREAM_REPEATS": "2"}
+    result = _run("bench", "codec", "--events", "50", "--output", str(out), env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["repeats"] == 2
