@@ -282,3 +282,24 @@ def test_out_of_order_duplicates_and_bad_bytes(server):
     assert len(server.requests) == 2  # steps 0+1 in one call (batch_steps=2), step 2 flushed at the end
     (letter,) = result.dead_letters
     assert letter.stage == "judge" and letter.source_offset == 5 and "not valid JSON" in letter.reason
+
+
+def test_a_part_filled_step_batch_is_judged_after_step_wait(server):
+    rules = JudgeRules(rules=[JudgeRule(mode="step", batch_steps=4)])
+    wall = [1000.0]
+    processor = make(server, rules, step_wait_s=30.0)
+    processor.wall = lambda: wall[0]
+
+    async def go():
+        first = await processor.process_events([started("slow"), step("slow", 0), step("slow", 1)])
+        assert first.outputs == [] and (await processor.flush_stale_steps()).outputs == []
+        wall[0] += 31
+        flushed = await processor.flush_stale_steps()
+        later = await processor.process_events([step("slow", 2), ended("slow")])
+        await processor.client.close()
+        return flushed, later
+
+    flushed, later = asyncio.run(go())
+    assert [e.step_index for e in flushed.outputs] == [0, 1]
+    assert [e.step_index for e in later.outputs] == [2]
+    assert processor.pending_since == {}

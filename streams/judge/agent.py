@@ -98,6 +98,11 @@ def _add_agents(app, cfg: JudgeConfig, processor) -> None:
         result = await processor.flush_quiet_groups()
         await _publish(app, sink, groups_topic, result)
 
+    @app.timer(interval=max(1.0, min(cfg.step_wait_s / 4, 30.0)), name=f"{NAME}-step-timeout")
+    async def judge_steps_timeout():
+        result = await processor.flush_stale_steps()
+        await _publish(app, sink, groups_topic, result)
+
 
 def _record(event):
     from streams.judge.processor import SourceRecord

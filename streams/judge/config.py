@@ -67,6 +67,11 @@ class JudgeConfig(BaseSettings):
     take_max: int = Field(256, ge=1, description="events taken from the stream per batch")
     take_within_s: float = Field(0.2, gt=0.0, description="max wait to fill a batch")
     group_wait_s: float = Field(120.0, gt=0.0, description="group mode: judge after this quiet period")
+    step_wait_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="step mode: judge a part-filled step batch after this long (batch_steps > 1)",
+    )
     observation_chars: int = Field(2000, ge=100, description="observation text shown per step")
 
     @property

@@ -99,6 +99,9 @@ class JudgeProcessor:
         self.groups: MutableMapping[str, dict | None] = {}
         self.stats = JudgeStats()
         self._inflight: dict[str, asyncio.Future] = {}
+        # step mode: trajectories with a part-filled batch -> when its first step arrived (memory
+        # only: after a restart such a batch waits for the next step or the episode's end)
+        self.pending_since: dict[str, float] = {}
 
     @classmethod
     def from_config(cls, config: JudgeConfig, **kw) -> JudgeProcessor:
@@ -146,6 +149,22 @@ class JudgeProcessor:
                 )
         result.outputs.extend(await self.run_requests(requests))
         return result
+
+    async def flush_stale_steps(self) -> ProcessResult:
+        """Step mode: judge part-filled batches that have waited `step_wait_s` (a slow agent's steps
+        should not wait for the episode to end)."""
+        requests = []
+        now = self.wall()
+        for tid, since in list(self.pending_since.items()):
+            if now - since < self.config.step_wait_s:
+                continue
+            self.pending_since.pop(tid, None)
+            rec = self.state.get(tid)
+            rule = _rule(rec) if rec else None
+            if rule is not None and rec.get("pending"):
+                requests += self._drain(tid, rec, rule, final=True)
+                self.state[tid] = rec
+        return ProcessResult(outputs=await self.run_requests(requests))
 
     async def flush_quiet_groups(self) -> ProcessResult:
         """Judge groups whose expected size is unknown or unreached after `group_wait_s` of quiet."""
@@ -242,6 +261,10 @@ class JudgeProcessor:
         while rec["pending"] and (final or len(rec["pending"]) >= rule.batch_steps):
             batch, rec["pending"] = rec["pending"][: rule.batch_steps], rec["pending"][rule.batch_steps :]
             requests.append(self._step_request(tid, rec, rule, batch))
+        if rec["pending"]:
+            self.pending_since.setdefault(tid, self.wall())
+        else:
+            self.pending_since.pop(tid, None)
         keep = rule.context_steps + len(rec["pending"])
         rec["steps"] = sorted(rec["steps"], key=lambda s: s["i"])[-keep:] if keep else []
         return requests
