@@ -41,6 +41,7 @@ class EpisodeIdentity:
     policy_version: str | None = None
     group_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    reference_steps: int | None = None
 
 
 def build_event(event_model: type[EventBase], **fields: Any) -> EventBase:
@@ -110,6 +111,7 @@ class EpisodeLog:
             policy_version=i.policy_version,
             group_id=i.group_id,
             metadata=i.metadata,
+            reference_steps=i.reference_steps,
         )
 
     def step(self, **fields: Any) -> StepRecorded:

@@ -235,10 +235,14 @@ class AgentRecorder:
         metadata: dict[str, Any] | None = None,
         trajectory_id: str | None = None,
         policy_version: str | None = None,
+        reference_steps: int | None = None,
     ) -> Episode:
-        """Start an episode (publishes `episode.started`); use as a context manager."""
+        """Start an episode (publishes `episode.started`); use as a context manager.
+        `reference_steps`: the step count a good solution needs (the efficiency reward uses it)."""
         log_ = EpisodeLog(
-            self._identity(task_id, task, domain, group_id, metadata, trajectory_id, policy_version),
+            self._identity(
+                task_id, task, domain, group_id, metadata, trajectory_id, policy_version, reference_steps
+            ),
             self.config.producer,
         )
         episode = Episode(self, log_)
@@ -246,7 +250,7 @@ class AgentRecorder:
         return episode
 
     def _identity(
-        self, task_id, task, domain, group_id, metadata, trajectory_id, policy_version
+        self, task_id, task, domain, group_id, metadata, trajectory_id, policy_version, reference_steps=None
     ) -> EpisodeIdentity:
         if policy_version is None:
             policy_version = self.current_policy_version()
@@ -260,6 +264,7 @@ class AgentRecorder:
             policy_version=policy_version,
             group_id=group_id,
             metadata=dict(metadata or {}),
+            reference_steps=reference_steps,
         )
 
     def current_policy_version(self) -> str | None:
@@ -621,6 +626,7 @@ class AsyncEpisode:
             lambda: sync._identity(
                 self._task_id, o.get("task", ""), o.get("domain", "generic"), o.get("group_id"),
                 o.get("metadata"), o.get("trajectory_id"), o.get("policy_version"),
+                o.get("reference_steps"),
             ),
         )  # fmt: skip
         self._log = EpisodeLog(identity, sync.config.producer)
