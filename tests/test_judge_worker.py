@@ -48,13 +48,14 @@ class TopicReader:
         self.consumer.close()
 
 
-def _worker(broker, tmp_path, server, rules_path, name):
+def _worker(broker, tmp_path, server, rules_path, name, roles="judge", **extra_env):
     env = {
         "ANTHROPIC_API_KEY": "dummy-key",
         "AGENTSTREAM_JUDGE_BASE_URL": server.url,
         "AGENTSTREAM_JUDGE_BACKOFF_BASE_S": "0.05",
+        **extra_env,
     }
-    args = [*AGENTSTREAM, "worker", "--roles", "judge", "--bootstrap-servers", broker.bootstrap]
+    args = [*AGENTSTREAM, "worker", "--roles", roles, "--bootstrap-servers", broker.bootstrap]
     args += ["--data-dir", str(tmp_path / "data"), "--judge-rules", str(rules_path), "--log-level", "INFO"]
     return Proc(args, tmp_path / f"{name}.log", env)
 
@@ -109,3 +110,31 @@ def test_worker_scores_sampled_trajectories_only_and_sampling_is_stable_across_r
         assert e.judge_model == "claude-sonnet-4-6" and e.prompt_version == "judge-v1"
         assert e.input_tokens > 0 and e.output_tokens > 0 and e.cost_usd > 0
     assert len(server.requests) <= 2 * len(sampled) + 2  # 3 steps in 2 calls per trajectory (+ replays)
+
+
+def test_worker_group_mode_one_call_per_group_across_partitions(broker, tmp_path):
+    """Members of a group sit in different partitions of agent.events; the worker re-keys them by
+    group id, so each group is judged in one call: when its size is reached, or after the quiet
+    period when the size is unknown."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: grpo\n    mode: group\n")
+    ensure_topics(broker.bootstrap)
+    sized = [f"gs-{n}" for n in range(3)]
+    unsized = [f"gu-{n}" for n in range(2)]
+    events = [e for t in sized for e in trajectory(t, group_id="sized", task="task S", group_size=3)]
+    events += [e for t in unsized for e in trajectory(t, group_id="open", task="task O")]
+    with MessagesServer() as server:
+        reader = TopicReader(broker.bootstrap, REWARD_JUDGE)
+        _produce(broker.bootstrap, events)
+        worker = _worker(broker, tmp_path, server, rules, "worker", AGENTSTREAM_JUDGE_GROUP_WAIT_S="4")
+        try:
+            wait_for(lambda: len(reader.poll()) >= 5, 90, what=f"5 group scores\n{worker.log_text()[-3000:]}")
+            time.sleep(1.0)
+            scored = reader.poll()
+        finally:
+            worker.stop()
+            reader.close()
+    assert sorted(e.trajectory_id for e in scored) == sorted(sized + unsized)
+    assert all(e.type == "reward.judge.trajectory" and e.mode == "group" for e in scored)
+    assert {e.group_id for e in scored if e.trajectory_id in sized} == {"sized"}
+    assert len(server.requests) == 2  # one call per group
