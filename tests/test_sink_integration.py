@@ -328,6 +328,13 @@ def test_kill9_replay_and_leaderboard(broker, clickhouse_url, tmp_path):
         assert final["code-m-good-0"] == (1, pytest.approx(truth[("code", "m-good")][0][1]))
         before = snapshot(client)
         board_before = _cli_leaderboard(clickhouse_url)
+        # the refreshable materialized copy converges to the exact view
+        client.command("SYSTEM REFRESH VIEW agentstream.leaderboard_snapshot_refresh")
+        exact = "SELECT * FROM agentstream.leaderboard ORDER BY domain, model, day"
+        copy = "SELECT * FROM agentstream.leaderboard_snapshot ORDER BY domain, model, day"
+        wait_for(
+            lambda: rows(client, copy) == rows(client, exact), timeout_s=30, what="the leaderboard refresh"
+        )
         for name, sql in EXAMPLES.items():
             assert rows(client, sql), name
         best = {r[0]: r[1] for r in rows(client, EXAMPLES["best_model_per_domain"])}
