@@ -138,3 +138,46 @@ def test_worker_group_mode_one_call_per_group_across_partitions(broker, tmp_path
     assert all(e.type == "reward.judge.trajectory" and e.mode == "group" for e in scored)
     assert {e.group_id for e in scored if e.trajectory_id in sized} == {"sized"}
     assert len(server.requests) == 2  # one call per group
+
+
+def test_assembled_trajectories_carry_judge_scores_and_a_published_calibration(broker, tmp_path):
+    """rules + assembler + judge workers: the assembler waits for the judge on selected trajectories,
+    and after `calibration.updated` arrives its totals use the calibrated judge score and name the
+    map's version."""
+    from schemas.topics import TRAJECTORY_SCORED
+    from streams.judge.calibration import fit_calibration
+    from streams.judge.cli import _publish, calibration_event
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: all\n    mode: trajectory\n")
+    ensure_topics(broker.bootstrap)
+    with MessagesServer(base_score=0.3) as server:
+        reader = TopicReader(broker.bootstrap, TRAJECTORY_SCORED)
+        worker = _worker(broker, tmp_path, server, rules, "worker", roles="rules,assembler,judge")
+        try:
+            _produce(broker.bootstrap, trajectory("before", n=2, task="task one"))
+
+            def scored(tid):
+                return [e for e in reader.poll() if e.trajectory_id == tid and e.complete]
+
+            before = wait_for(
+                lambda: scored("before"), 120, what=f"'before' scored\n{worker.log_text()[-3000:]}"
+            )
+            fit = fit_calibration(
+                [0.1, 0.3, 0.6, 0.9], [0.4, 0.7, 0.8, 1.0], domain="coding", rubric="overall"
+            )
+            _publish(broker.bootstrap, [calibration_event(fit)])
+            # the assembler consumes feedback.human independently of agent.events: wait until it has the map
+            wait_for(
+                lambda: f"calibration {fit.map.version}" in worker.log_text(), 60, what="the map applied"
+            )
+            _produce(broker.bootstrap, trajectory("after", n=2, task="task two"))
+            after = wait_for(
+                lambda: scored("after"), 120, what=f"'after' scored\n{worker.log_text()[-3000:]}"
+            )
+        finally:
+            worker.stop()
+            reader.close()
+    before, after = before[-1], after[-1]
+    assert before.calibration_version is None and after.calibration_version == fit.map.version
+    assert after.total_reward > before.total_reward
