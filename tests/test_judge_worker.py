@@ -181,3 +181,36 @@ def test_assembled_trajectories_carry_judge_scores_and_a_published_calibration(b
     before, after = before[-1], after[-1]
     assert before.calibration_version is None and after.calibration_version == fit.map.version
     assert after.total_reward > before.total_reward
+
+
+def test_worker_keeps_going_through_a_failing_endpoint(broker, tmp_path):
+    """A permanently failing endpoint gives failure events (never scores) and opens the circuit; the
+    worker keeps consuming, and scores again once the endpoint is back and the circuit half-opens."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: all\n    mode: trajectory\n")
+    ensure_topics(broker.bootstrap)
+    with MessagesServer() as server:
+        server.fail_status = 500
+        reader = TopicReader(broker.bootstrap, REWARD_JUDGE)
+        env = {"AGENTSTREAM_JUDGE_MAX_ATTEMPTS": "2", "AGENTSTREAM_JUDGE_CIRCUIT_FAILURES": "2",
+               "AGENTSTREAM_JUDGE_CIRCUIT_RESET_S": "2"}  # fmt: skip
+        worker = _worker(broker, tmp_path, server, rules, "worker", **env)
+        try:
+            _produce(broker.bootstrap, [e for n in range(4) for e in trajectory(f"down-{n}", task=f"t{n}")])
+            wait_for(lambda: len(reader.poll()) >= 4, 90, what=f"4 failures\n{worker.log_text()[-3000:]}")
+            failures = list(reader.events)
+            wait_for(lambda: "judge circuit open" in worker.log_text(), 30, what="the circuit to open")
+            server.fail_status = None
+            time.sleep(2.5)  # the circuit half-opens
+            _produce(broker.bootstrap, trajectory("up", task="back again"))
+            wait_for(
+                lambda: any(e.trajectory_id == "up" for e in reader.poll()), 60, what="a score after recovery"
+            )
+            recovered = [e for e in reader.events if e.trajectory_id == "up"]
+        finally:
+            worker.stop()
+            reader.close()
+    assert all(e.type == "reward.judge.failed" for e in failures)
+    assert "error" in {e.kind for e in failures} and {e.kind for e in failures} <= {"error", "circuit_open"}
+    assert all("HTTP 500" in e.reason or e.kind == "circuit_open" for e in failures)
+    assert [e.type for e in recovered] == ["reward.judge.trajectory"] and recovered[0].score is not None
