@@ -132,6 +132,7 @@ def _count(client, prefix: str) -> int:
 
 def throughput_once(root: Path, bootstrap: str, steps: int, repeat: int) -> float:
     prefix = f"tp{repeat}"
+    skip_to_end(bootstrap, f"bench-throughput{repeat}")  # only this repeat's steps are its backlog
     _publish_all(bootstrap, prefix, steps)
     sink = _sink(root, bootstrap, f"throughput{repeat}")
     started = time.monotonic()  # from the sink's ready file: start-up (imports, chDB, migrations) excluded
@@ -146,12 +147,30 @@ def throughput_once(root: Path, bootstrap: str, steps: int, repeat: int) -> floa
     return steps / elapsed
 
 
+def skip_to_end(bootstrap: str, group: str) -> None:
+    """Commit the end of every registry partition for `group`, so its sink starts with no backlog
+    (the throughput runs left tens of thousands of steps on the topic)."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    from schemas.topics import TOPICS
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        parts = [TopicPartition(t, p) for t in TOPICS for p in sorted(consumer.partitions_for_topic(t) or ())]
+        consumer.assign(parts)
+        ends = consumer.end_offsets(parts)
+        consumer.commit({tp: OffsetAndMetadata(ends[tp], "", -1) for tp in parts})
+    finally:
+        consumer.close()
+
+
 def latency_at(bootstrap: str, url: str, rate: int, duration_s: float) -> list[float]:
     """Publish at `rate` steps/s for `duration_s`; return publish->visible seconds per step."""
     from schemas.codec import encode, encode_key
     from schemas.topics import AGENT_EVENTS
 
-    prefix = f"lat{rate}"
+    prefix = f"lat{rate}-{time.monotonic_ns()}"
     total = int(rate * duration_s)
     sent: dict[int, float] = {}
     seen: dict[int, float] = {}
@@ -212,6 +231,7 @@ def run(args) -> dict:
             raw["throughput_rows_per_s"] = figures
             rows.append({"measure": "topic->chDB rows/s (step.recorded, 2 KB)", "value": median(figures),
                          "p50_s": None, "p99_s": None, "visible": args.steps})  # fmt: skip
+            skip_to_end(broker.address, "bench-latency")
             sink = _sink(root, broker.address, "latency")
             try:
                 for rate in rates:
