@@ -107,3 +107,18 @@ def test_permanent_failure_opens_the_circuit_then_a_trial_closes_it(server):
     assert errors == ["error", "error", "error", "circuit_open", "circuit_open"]
     assert requests_when_open == 3 * 2  # open circuit: no HTTP request at all
     assert result.text and client.breaker.state == "closed"
+
+
+def test_a_retry_after_beyond_the_limit_fails_the_call_instead_of_stalling(server):
+    server.script = [Reply(429, headers={"retry-after": "3600"})]
+    client, slept = _client(server, max_retry_after_s=60.0)
+
+    async def go():
+        try:
+            await client.complete(PROMPT)
+        finally:
+            await client.close()
+
+    with pytest.raises(JudgeCallError, match="exceeds max_retry_after_s"):
+        run(go())
+    assert slept == []

@@ -118,16 +118,25 @@ def _record(event):
 
 
 async def _publish(app, sink, groups_topic, result) -> None:
-    from schemas.codec import encode, encode_key
-    from schemas.topics import DLQ
+    """Send the outputs, group members and dead letters, and wait until the broker acknowledged
+    them, so the batch's offsets (committed by faust after this returns) never run ahead of them."""
+    import asyncio
 
-    dlq = app.topic(DLQ, value_serializer="raw", key_serializer="raw")
-    for event in result.outputs:
-        await sink.send(key=encode_key(event), value=encode(event))
-    for group_id, payload in result.group_members:
-        await groups_topic.send(key=group_id.encode(), value=payload)
-    for letter in result.dead_letters:
-        await dlq.send(key=encode_key(letter), value=encode(letter))
+    from schemas.codec import encode, encode_key
+    from streams.dlq import send_dead_letters
+
+    producer = app.producer
+    futures = [
+        await producer.send(sink.get_topic_name(), encode_key(e), encode(e), None, None, None)
+        for e in result.outputs
+    ]
+    futures += [
+        await producer.send(groups_topic.get_topic_name(), group_id.encode(), payload, None, None, None)
+        for group_id, payload in result.group_members
+    ]
+    if futures:
+        await asyncio.gather(*futures)
+    await send_dead_letters(app, NAME, result.dead_letters)
 
 
 class BytesKeyed(MutableMapping):

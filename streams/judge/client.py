@@ -184,12 +184,14 @@ class JudgeClient:
                 if not _is_call_error(exc):
                     raise  # a bug, not an endpoint failure: never turned into a failure event
                 status, retryable, wait = self._classify(exc)
-                final = not retryable or attempt == self.config.max_attempts
+                too_long = wait is not None and wait > self.config.max_retry_after_s
+                final = not retryable or too_long or attempt == self.config.max_attempts
                 if final:
                     self._record_final_failure(status)
-                    raise JudgeCallError(
-                        _describe(exc, status, attempt), attempts=attempt, status=status
-                    ) from None
+                    reason = _describe(exc, status, attempt)
+                    if too_long:
+                        reason += f" (retry-after {wait:.0f}s exceeds max_retry_after_s)"
+                    raise JudgeCallError(reason, attempts=attempt, status=status) from None
                 self.breaker.trial_in_flight = False  # a retry may claim the trial slot again
                 delay = backoff_delay(
                     attempt, self.config.backoff_base_s, self.config.backoff_max_s, wait, self.rng

@@ -58,6 +58,11 @@ class JudgeConfig(BaseSettings):
     max_attempts: int = Field(5, ge=1, description="attempts per call, first one included")
     backoff_base_s: float = Field(0.5, ge=0.0)
     backoff_max_s: float = Field(30.0, ge=0.0)
+    max_retry_after_s: float = Field(
+        120.0,
+        ge=0.0,
+        description="a retry-after longer than this fails the call instead of stalling the stream",
+    )
     circuit_failures: int = Field(5, ge=1, description="consecutive failed calls that open the circuit")
     circuit_reset_s: float = Field(30.0, ge=0.0, description="open circuit: wait before one trial call")
     budget_usd_per_hour: float | None = Field(None, ge=0.0)
