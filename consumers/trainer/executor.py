@@ -91,7 +91,7 @@ def _clean(messages: list[Message]) -> list[Message]:
 def step_weights(steps: list[int], rewards: list[float | None] | None) -> list[float]:
     """Per-token weight from its step's process reward (w_s = p_s / mean of present p; else 1).
 
-    >>> step_weights([-1, 0, 0, 1], [0.2, 0.6])
+    >>> step_weights([-1, 0, 0, 1], [0.25, 0.75])
     [1.0, 0.5, 0.5, 1.5]
     """
     present = [r for r in rewards or [] if r is not None]

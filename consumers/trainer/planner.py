@@ -158,6 +158,8 @@ class GroupLane(Lane):
         super().__init__(kind, planner)
         self.collector: GroupCollector[Entry] = GroupCollector(group_size, min_group_size, timeout_s)
         self.groups: list[Group[Entry]] = []
+        self.index: dict[str, Entry] = {}  # trajectory id -> pending entry (in a collector group)
+        self.grouped: set[str] = set()  # trajectory ids in finished groups waiting for the flush
 
     def eligible(self, t: TrajectoryScored) -> bool:
         if self.kind == "grpo":
@@ -171,30 +173,26 @@ class GroupLane(Lane):
         return self.collector.items() + [m.item for g in self.groups for m in g.members]
 
     def pending_revision(self, trajectory_id: str) -> int | None:
-        for e in self.pending_entries():
-            if e.trajectory.trajectory_id == trajectory_id:
-                return e.trajectory.revision
-        return None
+        entry = self.index.get(trajectory_id)
+        return entry.trajectory.revision if entry else None
 
     def withdraw(self, trajectory_id: str) -> None:
-        if any(m.trajectory.trajectory_id == trajectory_id for g in self.groups for m in g.members):
+        if trajectory_id in self.grouped:
             return  # already in a finished group: that group's revision stands
-        for e in self.collector.items():
-            if e.trajectory.trajectory_id == trajectory_id:
-                self.hashes.pop(e.digest, None)
-        self.collector.discard(trajectory_id)
+        entry = self.index.pop(trajectory_id, None)
+        if entry is not None:
+            self.hashes.pop(entry.digest, None)
+            self.collector.discard(trajectory_id)
 
     def admit(self, entry: Entry, now: float) -> None:
-        if any(
-            m.trajectory.trajectory_id == entry.trajectory.trajectory_id
-            for g in self.groups
-            for m in g.members
-        ):
+        if entry.trajectory.trajectory_id in self.grouped:
             return
+        self.index[entry.trajectory.trajectory_id] = entry
         for group in self.collector.add(self.key(entry.trajectory), entry.trajectory, entry, now):
             self._ready(group, now)
 
     def _ready(self, group: Group[Entry], now: float) -> None:
+        self.grouped.update(m.trajectory.trajectory_id for m in group.members)
         self.groups.append(group)
         if self.ready_since is None:
             self.ready_since = now
@@ -215,6 +213,10 @@ class GroupLane(Lane):
         if not self.groups or not (force or waited or count >= self.planner.config.batch_trajectories):
             return []
         groups, self.groups, self.ready_since = self.groups, [], None
+        for g in groups:
+            for m in g.members:
+                self.grouped.discard(m.trajectory.trajectory_id)
+                self.index.pop(m.trajectory.trajectory_id, None)
         return [self.group_batch(groups)]
 
     def group_batch(self, groups: list[Group[Entry]]) -> PlannedBatch:

@@ -1,13 +1,271 @@
-"""`agentstream bench trainer` (not implemented yet; the owning issue replaces this stub)."""
+"""`agentstream bench trainer`: batch-building trajectories/s per builder, and training tokens/s.
+
+Builders run on synthetic scored trajectories (groups of 4 per task, 3 steps each). Training runs
+the executor (LoRA by default) on the tiny local model on CPU, or any size built from a config
+(`--hidden-size`, `--layers`) on `--device cuda`; TRL's SFTTrainer / DPOTrainer run on the same rows
+in the same process for a ratio. Heavy imports happen inside `run`.
+"""
 
 from __future__ import annotations
 
-from schemas.errors import AgentstreamError
+import copy
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+from infra.bench.report import median
+from infra.cli import add_option
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser) -> None:
-    """Options of this benchmark."""
+    add_option(parser, "--trajectories", type=int, default=2000, help="trajectories through each builder")
+    add_option(parser, "--train-steps", type=int, default=6, help="optimizer steps timed per method")
+    add_option(parser, "--train-rows", type=int, default=8, help="rows per training step")
+    add_option(parser, "--hidden-size", type=int, default=64, help="model built from config: hidden size")
+    add_option(parser, "--layers", type=int, default=2, help="model built from config: layers")
+    add_option(parser, "--device", help="cpu / cuda (default: cuda when available)")
+    add_option(parser, "--lora", action="store_true", default=True, help="LoRA (false: full fine-tuning)")
+    add_option(
+        parser, "--trl", action="store_true", default=True, help="also time TRL's trainers on the same rows"
+    )
+
+
+def synthetic(n: int, group_size: int = 4, steps: int = 3):
+    from schemas.events import ScoredStep, TrajectoryScored
+
+    tools = ("bash", "read_file", "write_file")
+    out = []
+    for i in range(n):
+        task, member = i // group_size, i % group_size
+        body = [
+            ScoredStep(
+                step_index=s,
+                thought=f"step {s}: inspect the repository and decide",
+                tool=tools[(s + member) % 3],
+                params={"arg": f"{task}-{s}-{member}"},
+                observation=f"output line {s} " * 12,
+                process_score=((s + member) % 5) / 4,
+            )
+            for s in range(steps)
+        ]
+        reward = ((member * 7 + task) % 11) / 10
+        out.append(
+            TrajectoryScored(
+                event_id=f"e{i}", trajectory_id=f"t{i:06d}", occurred_at="2026-01-01T00:00:00Z",
+                producer="bench", task_id=f"task-{task}", task=f"Fix the failing test of task {task}.",
+                group_id=f"g{task}", success=member % 2 == 0, steps=body, total_reward=reward,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _rate(fn, n: int, repeats: int) -> float:
+    rates = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        fn()
+        rates.append(n / (time.perf_counter() - start))
+    return median(rates)
+
+
+def _grouped(trajectories, size=4):
+    return [trajectories[i : i + size] for i in range(0, len(trajectories), size)]
+
+
+def builder_rows(args, tokenizer) -> list[dict]:
+    from consumers.trainer.builders import (
+        DPOPairBuilder,
+        GRPOGroupBuilder,
+        SFTBuilder,
+        Source,
+        StepPairBuilder,
+    )
+    from consumers.trainer.planner import Planner, PlannerConfig
+    from consumers.trainer.tokenize import SFTTokenizedBuilder
+
+    ts = synthetic(args.trajectories)
+    groups = _grouped(ts)
+    few = ts[: max(50, args.trajectories // 20)]
+
+    def planner():
+        p = Planner(PlannerConfig(batch_trajectories=256))
+        for i, t in enumerate(ts):
+            p.offer(t, Source("trajectory.scored", 0, i), now=0.0)
+        p.due(now=0.0, force=True)
+
+    cases = [
+        ("sft (messages)", lambda: SFTBuilder().build(ts), len(ts)),
+        ("dpo (trajectory pairs)", lambda: [DPOPairBuilder().build(g) for g in groups], len(ts)),
+        ("dpo_step (step pairs)", lambda: [StepPairBuilder().build(g) for g in groups], len(ts)),
+        ("grpo (groups + advantages)", lambda: [GRPOGroupBuilder().build(g) for g in groups], len(ts)),
+        ("planner, all 4 kinds", planner, len(ts)),
+        ("sft_tokenized (tiny tokenizer)", lambda: SFTTokenizedBuilder(tokenizer).build(few), len(few)),
+    ]
+    return [
+        {
+            "stage": f"build {name}",
+            "trajectories": n,
+            "per_s": _rate(fn, n, args.repeats),
+            "unit": "trajectories/s",
+        }
+        for name, fn, n in cases
+    ]
+
+
+def _training_rows(args):
+    from consumers.trainer.builders import (
+        DPOPairConfig,
+        GRPOGroupBuilder,
+        SFTBuilder,
+        SFTBuilderConfig,
+        StepPairBuilder,
+    )
+
+    ts = synthetic(max(64, args.train_rows * 4))
+    sft = SFTBuilder(SFTBuilderConfig(require_success=False)).build(ts)[: args.train_rows]
+    dpo = [r for g in _grouped(ts) for r in StepPairBuilder(DPOPairConfig(max_pairs_per_group=2)).build(g)]
+    grpo = [r for g in _grouped(ts) for r in GRPOGroupBuilder().build(g)][: args.train_rows]
+    return {"sft": sft, "dpo": dpo[: args.train_rows], "grpo": grpo}
+
+
+def training_rows(args, data_dir: Path) -> tuple[list[dict], dict]:
+    from consumers.trainer.executor import TrainConfig, TrainingExecutor
+    from consumers.trainer.tiny import build_model, train_tokenizer
+
+    tokenizer = train_tokenizer()
+    model_dir = data_dir / "models" / "tiny"
+    tokenizer.save_pretrained(model_dir)
+    build_model(tokenizer, hidden_size=args.hidden_size, layers=args.layers).save_pretrained(model_dir)
+    config = TrainConfig(
+        base_model="tiny",
+        micro_batch_size=args.train_rows,
+        device=args.device,
+        lora=args.lora,
+        max_length=1024,
+    )
+    executor = TrainingExecutor(config, data_dir)
+    data = _training_rows(args)
+    rows, ours = [], {}
+    for method, batch in data.items():
+        executor.train_rows(batch, method)  # warm-up
+        rates = [executor.train_rows(batch, method)["tokens_per_s"] for _ in range(args.train_steps)]
+        ours[method] = median(rates)
+        device = str(executor._device())
+        unit = f"tokens/s ({device}, {'LoRA' if args.lora else 'full'})"
+        rows.append(
+            {"stage": f"train {method} (agentstream)", "trajectories": len(batch), "per_s": ours[method]}
+        )
+        rows[-1]["unit"] = unit
+    return rows, {"tokenizer": tokenizer, "model_dir": model_dir, "data": data, "ours": ours}
+
+
+def trl_rows(args, ctx: dict, work: Path) -> list[dict]:
+    import datasets
+    from transformers import AutoModelForCausalLM
+    from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+
+    rows = []
+    common = {
+        "max_steps": args.train_steps + 1,
+        "per_device_train_batch_size": args.train_rows,
+        "report_to": "none",
+        "save_strategy": "no",
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "learning_rate": 2e-4,
+        "use_cpu": (args.device or "") == "cpu" or not _cuda(),
+        "logging_steps": 1,
+    }
+    for method in ("sft", "dpo"):
+        model = AutoModelForCausalLM.from_pretrained(ctx["model_dir"])
+        peft_config = _peft_config() if args.lora else None
+        data = ctx["data"][method]
+        tok = ctx["tokenizer"]
+        repeat = args.train_steps + 1
+        if method == "sft":
+            ds = datasets.Dataset.from_list([{"messages": r["messages"]} for r in data] * repeat)
+            config = SFTConfig(output_dir=str(work / "trl-sft"), assistant_only_loss=True, **common)
+            trainer = SFTTrainer(
+                model=model, args=config, train_dataset=ds, processing_class=tok, peft_config=peft_config
+            )
+        else:
+            ds = datasets.Dataset.from_list(
+                [{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in data] * repeat
+            )
+            ref = None if args.lora else copy.deepcopy(model)
+            config = DPOConfig(output_dir=str(work / "trl-dpo"), **common)
+            trainer = DPOTrainer(
+                model=model,
+                ref_model=ref,
+                args=config,
+                train_dataset=ds,
+                processing_class=tok,
+                peft_config=peft_config,
+            )
+        rate = _trl_rate(trainer)
+        ratio = ctx["ours"][method] / rate if rate else float("nan")
+        stage = f"train {method} (TRL {method.upper()}Trainer)"
+        unit = f"tokens/s (agentstream/TRL = {ratio:.2f}x)"
+        rows.append({"stage": stage, "trajectories": len(data), "per_s": rate, "unit": unit})
+    return rows
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _peft_config():
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+
+
+def _trl_rate(trainer) -> float:
+    """Tokens/s over the steps after the first (TRL logs `num_tokens` cumulatively)."""
+    start_times: list[float] = []
+
+    from transformers import PrinterCallback, TrainerCallback
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            start_times.append(time.perf_counter())
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(Clock())
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "num_tokens" in h]
+    if len(logs) < 2 or len(start_times) < 2:
+        return float("nan")
+    tokens = float(logs[-1]["num_tokens"]) - float(logs[0]["num_tokens"])
+    return tokens / (start_times[-1] - start_times[0])
 
 
 def run(args) -> dict:
-    raise AgentstreamError("agentstream bench trainer is not implemented yet")
+    from transformers.utils import logging as hf_logging
+
+    from consumers.trainer.tiny import train_tokenizer
+
+    hf_logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
+        work = Path(tmp)
+        rows = builder_rows(args, train_tokenizer())
+        train, ctx = training_rows(args, work)
+        rows += train
+        notes = [
+            "builders: pure Python on synthetic trajectories (4 per task, 3 steps); medians over --repeats",
+            f"training: model built from config (hidden {args.hidden_size}, {args.layers} layers), "
+            f"{args.train_rows} rows/step, median of {args.train_steps} steps after one warm-up",
+        ]
+        if args.trl:
+            rows += trl_rows(args, ctx, work)
+            notes.append(
+                "TRL tokens/s counts TRL's num_tokens (all non-pad tokens, like ours) between step ends"
+            )
+    return {"rows": rows, "notes": notes}
