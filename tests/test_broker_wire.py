@@ -184,3 +184,30 @@ def test_new_producer_ids_are_distinct(small_frames_broker):
             for _ in range(3)
         }
     assert len(ids) == 3
+
+
+def test_sigterm_with_requests_in_flight_shuts_down_cleanly(broker):
+    with RawClient(broker.bootstrap) as client:
+        KafkaProducer(bootstrap_servers=broker.bootstrap).send("idle", b"x").get(timeout=10)
+        partition = FetchRequest.FetchTopic.FetchPartition(
+            partition=0,
+            current_leader_epoch=-1,
+            fetch_offset=1,
+            log_start_offset=-1,
+            partition_max_bytes=1 << 20,
+        )
+        fetch = FetchRequest(
+            replica_id=-1,
+            max_wait_ms=30_000,
+            min_bytes=1,
+            max_bytes=1 << 20,
+            isolation_level=0,
+            topics=[FetchRequest.FetchTopic(topic="idle", partitions=[partition])],
+            version=11,
+        )
+        fetch.with_header(correlation_id=1, client_id="long-poll")
+        client.send_bytes(fetch.encode(framed=True, header=True))  # parked in a long poll
+        assert broker.proc.stop(grace_s=10) == 0
+    log_text = broker.proc.log_text()
+    assert "storage flushed and closed" in log_text
+    assert "Traceback" not in log_text and "ERROR" not in log_text

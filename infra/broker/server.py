@@ -118,9 +118,7 @@ class BrokerServer:
         except asyncio.CancelledError:
             responder.cancel()
         finally:
-            if not responder.done():
-                await _put_end_marker(answers, responder)  # answer what was already read, then close
-            await asyncio.gather(responder, return_exceptions=True)
+            await _finish_answers(answers, responder)
             self._connections.discard(task)
             writer.close()
 
@@ -196,9 +194,15 @@ class BrokerServer:
         return answer
 
 
-async def _put_end_marker(answers: asyncio.Queue, responder: asyncio.Task) -> None:
+async def _finish_answers(answers: asyncio.Queue, responder: asyncio.Task) -> None:
+    """Let the responder answer what was already read, then end; never ends cancelled itself.
+
+    (asyncio's stream server logs an error for a connection callback task that ends cancelled.)
+    """
     try:
-        await answers.put(None)
+        if not responder.done():
+            await answers.put(None)
+        await asyncio.gather(responder, return_exceptions=True)
     except asyncio.CancelledError:
         responder.cancel()
 
