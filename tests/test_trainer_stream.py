@@ -56,7 +56,7 @@ def _read_all(bootstrap, topic):
 def _trainer(broker, data_dir, log_name):
     args = [*AGENTSTREAM, "trainer", "--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir)]
     args += ["--kinds", "sft,dpo,dpo_step,grpo", "--batch-trajectories", "40", "--flush-interval-s", "0.3"]
-    args += ["--group-size", str(GROUP), "--group-timeout-s", "600", "--log-level", "WARNING"]
+    args += ["--group-size", str(GROUP), "--group-timeout-s", "600", "--log-level", "INFO"]
     return Proc(args, data_dir.parent / log_name)
 
 
@@ -133,19 +133,35 @@ def test_republishes_a_batch_whose_event_was_lost(broker, data_dir):
         "builder_config": {},
     }
     manifest = BatchStore(data_dir).write("sft", [{"messages": []}], meta)  # no .published marker
+    producer = _producer(broker.bootstrap)  # bad input: not JSON, and the wrong event type
+    producer.send(topics.TRAJECTORY_SCORED, key=b"bad", value=b"not json").get(30)
+    producer.send(topics.TRAJECTORY_SCORED, key=b"wrong", value=encode(manifest.event())).get(30)
+    producer.close()
+
+    def republished():
+        return any(
+            e.batch_id == manifest.batch_id for e in _read_all(broker.bootstrap, topics.TRAINING_BATCHES)
+        )
+
+    def dead_letters():
+        found = _read_all(broker.bootstrap, topics.DLQ)
+        return len(found) == 2 and found
+
     proc = _trainer(broker, data_dir, "trainer.log")
     try:
-        wait_for(
-            lambda: any(
-                e.batch_id == manifest.batch_id for e in _read_all(broker.bootstrap, topics.TRAINING_BATCHES)
-            ),
-            timeout_s=60,
-            what="the lost batch.built to be re-published",
-        )
+        wait_for(republished, timeout_s=60, what="the lost batch.built to be re-published")
+        letters = wait_for(dead_letters, timeout_s=60, what="two dead letters")
     finally:
         proc.stop()
     [event] = _read_all(broker.bootstrap, topics.TRAINING_BATCHES)
     assert event.event_id == manifest.event().event_id
+    assert {(d.stage, d.source_topic, d.source_key) for d in letters} == {
+        ("trainer", topics.TRAJECTORY_SCORED, "bad"),
+        ("trainer", topics.TRAJECTORY_SCORED, "wrong"),
+    }
+    assert any("not valid JSON" in d.reason for d in letters) and any(
+        "batch.built" in d.reason for d in letters
+    )
 
 
 def test_executor_follows_batches_and_publishes_policy_updates(broker, data_dir):

@@ -108,3 +108,18 @@ def test_context_steps_are_masked(tokenizer):
     assert second["first_step"] == 2
     context = [lab for s, lab in zip(second["step_ids"], second["labels"], strict=True) if s == 1]
     assert context and all(lab == IGNORE_INDEX for lab in context)
+
+
+def test_planner_builds_pretokenized_batches(tokenizer):
+    from consumers.trainer.builders import Source
+    from consumers.trainer.planner import Planner, PlannerConfig
+
+    planner = Planner(
+        PlannerConfig(kinds=("sft", "sft_tokenized"), batch_trajectories=3), tokenizer=tokenizer
+    )
+    for i, t in enumerate(golden_group()):
+        planner.offer(t, Source("trajectory.scored", 0, i), now=0)
+    batches = {b.kind: b for b in planner.due(now=0)}
+    rows = batches["sft_tokenized"].rows
+    assert [r["trajectory_id"] for r in rows] == [r["trajectory_id"] for r in batches["sft"].rows]
+    assert all(len(r["input_ids"]) == len(r["labels"]) and IGNORE_INDEX in r["labels"] for r in rows)
