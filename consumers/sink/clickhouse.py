@@ -40,6 +40,9 @@ def is_server_refusal(exc: BaseException) -> bool:
     return isinstance(exc, DatabaseError) and not isinstance(exc, DataError) and not is_retryable(exc)
 
 
+Buffered = dict[str, tuple[list[tuple], list[Source]]]
+
+
 class ClickHouseSink(Sink):
     """Buffers rows per table and inserts each table's rows as one columnar insert."""
 
@@ -68,14 +71,23 @@ class ClickHouseSink(Sink):
         self._rows[table].append(row)
         self._sources[table].append(source)
 
-    def flush(self) -> list[Rejected]:
+    def take(self) -> Buffered:
+        """Hand over everything buffered (to write, possibly on another thread) and start afresh."""
+        taken = {
+            table: (self._rows[table], self._sources[table]) for table in self._rows if self._rows[table]
+        }
+        self._rows, self._sources = defaultdict(list), defaultdict(list)
+        return taken
+
+    def write(self, batch: Buffered) -> list[Rejected]:
+        """Insert a taken batch, one columnar insert per table; returns the rows refused for good."""
         rejected: list[Rejected] = []
-        for table in list(self._rows):
-            rows, sources = self._rows[table], self._sources[table]
-            if rows:
-                rejected += self._write_table(table, rows, sources)
-            del self._rows[table], self._sources[table]
+        for table, (rows, sources) in batch.items():
+            rejected += self._write_table(table, rows, sources)
         return rejected
+
+    def flush(self) -> list[Rejected]:
+        return self.write(self.take())
 
     def _write_table(self, table: str, rows: list[tuple], sources: list[Source]) -> list[Rejected]:
         try:

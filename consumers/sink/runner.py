@@ -13,10 +13,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from consumers.sink.base import Rejected, Source
+from consumers.sink.base import Source
 from consumers.sink.clickhouse import ClickHouseSink
 from consumers.sink.rows import dead_letter_row, rows_for
 from schemas.codec import decode, encode, encode_key
@@ -45,8 +46,22 @@ class SinkConfig:
     session_timeout_ms: int = 10_000
 
 
+@dataclass
+class _InFlight:
+    future: Future
+    offsets: dict
+    records: int
+    rows: int
+
+
 class SinkWorker:
-    """One sink process's state: consumer, DLQ producer, ClickHouse sink, uncommitted offsets."""
+    """One sink process's state: consumer, DLQ producer, ClickHouse sink, uncommitted offsets.
+
+    Writes are pipelined: a batch is inserted on one writer thread (chDB and HTTP release the GIL)
+    while the consumer thread polls and decodes the next one. At most one batch is in flight, and a
+    batch's offsets are committed, from the consumer thread, only after its insert and its dead
+    letters are durable.
+    """
 
     def __init__(self, config: SinkConfig, client, consumer, producer):
         self.config = config
@@ -57,6 +72,8 @@ class SinkWorker:
         self._dead: list[DeadLetter] = []
         self._records = 0
         self._last_flush = time.monotonic()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{STAGE}-writer")
+        self._inflight: _InFlight | None = None
         self.stats = {"records": 0, "rows": 0, "dead_letters": 0, "flushes": 0}
 
     def handle(self, record) -> None:
@@ -71,25 +88,14 @@ class SinkWorker:
         try:
             event = decode(source.value)
         except DecodeError as exc:
-            self._reject_record(source, str(exc), "DecodeError")
+            letter = _dead_letter(source, str(exc), "DecodeError")
+            if source.topic == DLQ:
+                self.sink.add("dead_letters", dead_letter_row(letter), source)  # never re-published
+            else:
+                self._dead.append(letter)
             return
         for table, row in rows_for(event, source.value, record.topic, record.partition, record.offset):
             self.sink.add(table, row, source)
-
-    def _reject_record(self, source: Source, reason: str, error_type: str) -> None:
-        letter = _dead_letter(source, reason, error_type)
-        log.warning(
-            "dead letter topic=%s partition=%d offset=%d trajectory=%s: %s",
-            source.topic,
-            source.partition,
-            source.offset,
-            letter.trajectory_id,
-            reason,
-        )
-        if source.topic == DLQ:
-            self.sink.add("dead_letters", dead_letter_row(letter), source)  # never re-publish to the DLQ
-        else:
-            self._dead.append(letter)
 
     def due(self) -> bool:
         if self.sink.pending >= self.config.batch_rows:
@@ -97,26 +103,49 @@ class SinkWorker:
         return bool(self._offsets) and time.monotonic() - self._last_flush >= self.config.flush_interval_s
 
     def flush(self) -> None:
-        """Insert, publish dead letters, then commit: in that order, so nothing is lost."""
+        """Start writing what is buffered (after committing the batch before it, once durable)."""
         self._last_flush = time.monotonic()
+        self.settle(wait=True)
         if not self._offsets:
             return
         rows = self.sink.pending
-        rejected = self.sink.flush()
-        if rejected:
-            self._dead_letter_rows(rejected)
-        self._publish_dead_letters()
-        self._commit()
-        self.stats["records"] += self._records
-        self.stats["rows"] += rows
-        self.stats["flushes"] += 1
-        self._records = 0
+        batch, dead = self.sink.take(), self._dead
+        future = self._writer.submit(self._write, batch, dead)
+        self._inflight = _InFlight(future, self._offsets, self._records, rows)
+        self._offsets, self._dead, self._records = {}, [], 0
 
-    def _dead_letter_rows(self, rejected: list[Rejected]) -> None:
+    def drain(self) -> None:
+        """Write and commit everything consumed so far (on stop and before partitions move)."""
+        self.flush()
+        self.settle(wait=True)
+
+    def settle(self, wait: bool) -> None:
+        """Commit the in-flight batch once its write is durable; re-raise its failure here."""
+        inflight = self._inflight
+        if inflight is None or (not wait and not inflight.future.done()):
+            return
+        self._inflight = None
+        self.stats["dead_letters"] += inflight.future.result()
+        self._commit(inflight.offsets)
+        self.stats["records"] += inflight.records
+        self.stats["rows"] += inflight.rows
+        self.stats["flushes"] += 1
+
+    # -- writer thread ------------------------------------------------------------------------
+
+    def _write(self, batch, dead: list[DeadLetter]) -> int:
+        """Insert, dead-letter refused rows, publish dead letters: everything before the commit."""
+        rejected = self.sink.write(batch)
+        dlq_rows: dict = {}
         for item in rejected:
-            self._reject_record(item.source, item.reason, item.error_type)
-        retry = self.sink.flush()  # dead letters of DLQ-topic records go straight to dead_letters
-        for item in retry:
+            letter = _dead_letter(item.source, item.reason, item.error_type)
+            if item.source.topic == DLQ:
+                rows, sources = dlq_rows.setdefault("dead_letters", ([], []))
+                rows.append(dead_letter_row(letter))
+                sources.append(item.source)
+            else:
+                dead.append(letter)
+        for item in self.sink.write(dlq_rows) if dlq_rows else ():
             log.error(
                 "dead letter from topic=%s partition=%d offset=%d could not be written either: %s",
                 item.source.topic,
@@ -124,37 +153,51 @@ class SinkWorker:
                 item.source.offset,
                 item.reason,
             )
+        self._publish_dead_letters(dead)
+        return len(dead)
 
-    def _publish_dead_letters(self) -> None:
-        if not self._dead:
+    def _publish_dead_letters(self, dead: list[DeadLetter]) -> None:
+        if not dead:
             return
-        futures = [self.producer.send(DLQ, key=encode_key(d), value=encode(d)) for d in self._dead]
+        for letter in dead:
+            log.warning(
+                "dead letter topic=%s partition=%s offset=%s trajectory=%s: %s",
+                letter.source_topic,
+                letter.source_partition,
+                letter.source_offset,
+                letter.trajectory_id,
+                letter.reason,
+            )
+        futures = [self.producer.send(DLQ, key=encode_key(d), value=encode(d)) for d in dead]
         self.producer.flush()
         for future in futures:
             future.get(timeout=30)  # raises if the broker did not take it: then we must not commit
-        self.stats["dead_letters"] += len(self._dead)
-        self._dead.clear()
 
-    def forget_offsets(self) -> None:
+    # -- consumer thread ----------------------------------------------------------------------
+
+    def forget(self) -> None:
+        """Drop uncommitted offsets (their rows are written; the next owner re-delivers them)."""
         self._offsets.clear()
         self._records = 0
 
-    def _commit(self) -> None:
+    def _commit(self, offsets: dict) -> None:
         from kafka.structs import OffsetAndMetadata
 
-        offsets = {tp: OffsetAndMetadata(offset, "", -1) for tp, offset in self._offsets.items()}
-        self.consumer.commit(offsets)
-        self._offsets.clear()
+        self.consumer.commit({tp: OffsetAndMetadata(offset, "", -1) for tp, offset in offsets.items()})
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            batches = self.consumer.poll(timeout_ms=100, max_records=self.config.batch_rows)
-            for records in batches.values():
-                for record in records:
-                    self.handle(record)
-            if self.due():
-                self.flush()
-        self.flush()
+        try:
+            while not stop.is_set():
+                batches = self.consumer.poll(timeout_ms=100, max_records=self.config.batch_rows)
+                for records in batches.values():
+                    for record in records:
+                        self.handle(record)
+                self.settle(wait=False)  # commit as soon as the previous write is durable
+                if self.due():
+                    self.flush()
+            self.drain()
+        finally:
+            self._writer.shutdown(wait=True)
 
 
 def _dead_letter(source: Source, reason: str, error_type: str) -> DeadLetter:
@@ -185,11 +228,11 @@ def _rebalance_listener(worker_ref: list):
             if not worker_ref:
                 return
             try:
-                worker_ref[0].flush()  # commit what we consumed before someone else takes over
+                worker_ref[0].drain()  # commit what we consumed before someone else takes over
             except KafkaError as exc:
                 # the rows are written; the new owner re-reads them and the tables deduplicate
                 log.warning("commit on revocation failed (%s); the next owner will re-deliver", exc)
-                worker_ref[0].forget_offsets()
+                worker_ref[0].forget()
 
         def on_partitions_assigned(self, assigned):
             log.info("sink assigned %d partitions", len(assigned))
