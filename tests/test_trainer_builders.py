@@ -265,3 +265,22 @@ def test_planner_later_revision_wins_and_incomplete_is_skipped():
     p.offer(t.model_copy(update={"revision": 2, "success": False}), Source("s", 0, 2), now=0)
     assert not p.lanes["sft"].pending_entries()  # the latest revision is no longer a success
     assert p.commit_positions({("s", 0): 3})[("s", 0)] == 2  # still pending in the group lanes
+
+
+def test_planner_applies_policy_lag_and_horizon_from_policy_updates():
+    config = GRPOGroupConfig(group_size=2, max_policy_lag=1, horizon_steps=(2, 3), horizon_interval=10)
+    p = Planner(PlannerConfig(kinds=("grpo",), batch_trajectories=2, grpo=config))
+    p.policy_updated("v5", step=5)
+    group = golden_group()[:2]
+    stale = [t.model_copy(update={"policy_version": "v3"}) for t in group]
+    for i, t in enumerate(stale):
+        p.offer(t, Source("s", 0, i), now=0)
+    assert p.lanes["grpo"].pending_entries() == []  # lag 2 > 1: not admitted
+    for i, t in enumerate(group):
+        p.offer(t.model_copy(update={"policy_version": "v4"}), Source("s", 0, 10 + i), now=0)
+    [batch] = p.due(now=0)
+    assert batch.extra["training_step"] == 5 and batch.extra["current_policy"] == "v5"
+    t1 = next(r for r in batch.rows if r["trajectory_id"] == "task-a-t1")
+    assert (
+        len([m for m in t1["completion"] if m["role"] == "assistant"]) == 3
+    )  # stage 1 of the schedule: H = 3

@@ -112,7 +112,9 @@ def _register_train(sub) -> None:
     )
     add_option(p, "--batch", help="a batch file (.jsonl/.parquet) or its manifest")
     add_option(p, "--method", choices=["sft", "dpo", "grpo"], help="default: from the batch kind")
-    add_option(p, "--kinds", default="sft,dpo_step,grpo", help="--follow: batch kinds to train on")
+    add_option(
+        p, "--kinds", help="--follow: batch kinds to train on (default: sft, dpo_step or grpo per --method)"
+    )
     add_option(p, "--base-model", default="tiny", help="local model directory, or 'tiny' (built locally)")
     add_option(p, "--learning-rate", type=float, default=2e-4, help="AdamW learning rate")
     add_option(p, "--epochs", type=int, default=1, help="passes over each batch")

@@ -10,6 +10,10 @@ from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# `train --follow` trains one method per adapter by default: plain SFT rows, step-level DPO pairs
+# (observations never in the completion), GRPO groups.
+DEFAULT_FOLLOW_KIND = {"sft": "sft", "dpo": "dpo_step", "grpo": "grpo"}
+
 
 def _csv(text: str | None) -> tuple[str, ...]:
     return tuple(p.strip() for p in (text or "").split(",") if p.strip())
@@ -136,4 +140,5 @@ def run_train(args) -> int:
         print(f"{event.policy_version}: {event.method} on {event.batch_ids[0]}, loss {loss:.4f}")
         print(f"checkpoint: {event.checkpoint_path}")
         return 0
-    return follow(config, settings, _csv(args.kinds), args.group_id, args.idle_exit_s)
+    kinds = _csv(args.kinds) or (DEFAULT_FOLLOW_KIND[args.method or "sft"],)
+    return follow(config, settings, kinds, args.group_id, args.idle_exit_s)
