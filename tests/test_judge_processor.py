@@ -12,11 +12,11 @@ from schemas.codec import encode
 from schemas.events import EpisodeEnded, EpisodeStarted, StepRecorded
 from streams.judge.budget import SpendBudget
 from streams.judge.config import JudgeConfig
+from streams.judge.messages_server import MessagesServer, outside_blocks, score_prompt
 from streams.judge.processor import JudgeProcessor, SourceRecord
 from streams.judge.prompt import TAG
 from streams.judge.rubrics import RubricCatalog
 from streams.judge.selection import JudgeRule, JudgeRules, sample_fraction
-from tests.judge_server import MessagesServer, outside_blocks, score_prompt
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 INJECTION = (

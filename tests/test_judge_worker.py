@@ -10,8 +10,8 @@ import pytest
 from infra.kafka_clients import ensure_topics
 from schemas.codec import decode, encode, encode_key
 from schemas.topics import AGENT_EVENTS, DLQ, REWARD_JUDGE
+from streams.judge.messages_server import MessagesServer
 from streams.judge.selection import sample_fraction
-from tests.judge_server import MessagesServer
 from tests.support.processes import AGENTSTREAM, Proc, wait_for
 from tests.test_judge_processor import trajectory
 

@@ -290,7 +290,12 @@ def report_rows(results: Sequence[CalibrationResult]) -> list[dict]:
 
 def reliability_plot(results: Sequence[CalibrationResult], path: str | Path, bins: int = 10) -> Path:
     """A PNG: per (domain, rubric), mean human score per judge-score bin, and the fitted map."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise CalibrationError(
+            "the reliability plot needs matplotlib (pip install 'agentstream[plot]')"
+        ) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

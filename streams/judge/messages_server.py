@@ -1,4 +1,6 @@
-"""A local Messages-API server on 127.0.0.1 for judge tests and the judge benchmark.
+"""A local Messages-API server on 127.0.0.1 for judge tests, the judge benchmark and offline demos.
+
+Not a model: a scripted stand-in that speaks the Messages API well enough for the real SDK.
 
 The real `anthropic` SDK talks to it over HTTP (`base_url=server.url`). Behaviour per test:
 - `latency_s`: fixed delay before every answer;
@@ -12,7 +14,7 @@ The real `anthropic` SDK talks to it over HTTP (`base_url=server.url`). Behaviou
   1.0 everywhere. So an injection that escapes its delimiters raises the score; one that stays
   inside cannot.
 
-Run alone (for the benchmark): `python -m tests.judge_server --port 0 --latency 0.5` prints the URL.
+Run alone: `python -m streams.judge.messages_server --port 0 --latency 0.5` prints its URL.
 """
 
 from __future__ import annotations
@@ -199,7 +201,7 @@ def _text_of(content) -> str:
     return ""
 
 
-def main() -> None:
+def main() -> None:  # a module entry point, so it prints its URL for the parent process
     parser = argparse.ArgumentParser(description="local Messages-API server for judge tests/benchmarks")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency", type=float, default=0.0)
