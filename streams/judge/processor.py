@@ -248,7 +248,8 @@ class JudgeProcessor:
         if rule.mode == "step":
             requests = self._drain(tid, rec, rule, final=True)
         elif rule.mode == "group" and rec.get("group_id"):
-            result.group_members.append((rec["group_id"], orjson.dumps(_member(tid, rec))))
+            member = _member(tid, rec, self.config.observation_chars * 2)
+            result.group_members.append((rec["group_id"], orjson.dumps(member)))
             requests = []
         else:
             requests = [self._trajectory_request(tid, rec, rule)]
@@ -468,7 +469,11 @@ def _trajectory_view(label: str, steps: list[dict], ended: dict | None) -> Traje
     return TrajectoryView(label, ordered, ended.get("success"), ended.get("score"))
 
 
-def _member(tid: str, rec: dict) -> dict:
+def _member(tid: str, rec: dict, observation_budget: int) -> dict:
+    """An ended trajectory for the group topic; observations cut to what the group prompt shows,
+    so a long trajectory stays well under the broker's message size limit."""
+    per_step = max(200, observation_budget // max(1, len(rec["steps"])))
+    steps = [{**s, "observation": s.get("observation", "")[: per_step + 100]} for s in rec["steps"]]
     return {
         "group_id": rec["group_id"],
         "trajectory_id": tid,
@@ -476,7 +481,7 @@ def _member(tid: str, rec: dict) -> dict:
         "domain": rec.get("domain", "generic"),
         "rule": rec["rule"],
         "expected": rec.get("expected"),
-        "steps": rec["steps"],
+        "steps": steps,
         "ended": rec["ended"],
     }
 
