@@ -14,6 +14,7 @@ split across them, so sums over events equal what was paid.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -97,8 +98,15 @@ def target_event_id(event_type: str, request: JudgeRequest, target: Target, *ext
         request.prompt.version,
         request.model,
         request.mode,
+        rubric_fingerprint(request.rubrics),
         *extra,
     )
+
+
+def rubric_fingerprint(rubrics: RubricSet) -> str:
+    """Changes when the scored rubrics change (an override file), so new judgments get new ids."""
+    text = "|".join(f"{r.id}:{r.weight}:{r.description}" for r in rubrics.model_rubrics)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def reply_events(request: JudgeRequest, text: str, meta: CallMeta, now: datetime) -> list[EventBase]:
