@@ -115,7 +115,8 @@ def _apply(client, migration: Migration) -> None:
 def apply_events_ttl(client, days: int | None) -> None:
     """Expire raw `events` rows after `days` days (typed tables keep everything); None removes it."""
     if days is None or days <= 0:
-        client.command(f"ALTER TABLE {DATABASE}.events REMOVE TTL")
+        if "TTL" in str(client.command(f"SHOW CREATE TABLE {DATABASE}.events")):
+            client.command(f"ALTER TABLE {DATABASE}.events REMOVE TTL")
         return
     client.command(
         f"ALTER TABLE {DATABASE}.events MODIFY TTL toDateTime(occurred_at) + INTERVAL {int(days)} DAY"
