@@ -88,3 +88,22 @@ def test_prompt_keeps_agent_text_inside_tags_and_is_deterministic():
     assert a.user.count(f"</{TAG}>") == 3  # task, context, one step: ours only
     assert '<untrusted_data kind="step" index="3">' in a.user
     assert "- goal_progress (weight 0.30)" in a.user and "info_utilization" not in a.user
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(IDS), st.floats(0, 1, allow_nan=False).map(lambda x: round(x, 3)), min_size=1
+    ),
+    st.text(max_size=30),
+    st.integers(min_value=0, max_value=400),
+)
+def test_a_truncated_reply_never_yields_a_score_the_model_did_not_give(scores, rationale, cut):
+    import json
+
+    text = json.dumps({"scores": scores, "rationale": rationale})[:cut]
+    try:
+        judgment = parse_trajectory(text, IDS)
+    except ParseError:
+        return
+    for rubric, value in judgment.scores.items():
+        assert value == scores[rubric]  # a number cut short is dropped, never kept as a different score

@@ -2,14 +2,15 @@
 
 Repairs, tried in order on each candidate (the whole text, a ```json fenced block, the outermost
 braces, everything from the first brace): trailing commas, single-quoted strings, Python literals,
-and truncation (close an open string, drop a dangling key or partial number, close brackets).
+and truncation (close an open string, drop a dangling key, close brackets). A number at the very
+end of a truncated reply is dropped, not kept: 0.75 cut to 0.7 would be a score nobody gave.
 A rubric the model did not score, or scored with something that is not a number in [0, 1]
 (a small overshoot such as 1.02 is clamped), is missing: absent, never 0.5. A reply nothing can
 be recovered from raises `ParseError`, which the processor turns into a `reward.judge.failed` event.
 
 >>> extract_json('```json\\n{"scores": {"a": 0.8,}, }\\n```')
 {'scores': {'a': 0.8}}
->>> extract_json('{"scores": {"a": 0.8, "b": 0.')
+>>> extract_json('{"scores": {"a": 0.8, "b": 0.75')
 {'scores': {'a': 0.8}}
 >>> extract_json("{'scores': {'a': 1}, 'rationale': 'ok'}")
 {'scores': {'a': 1}, 'rationale': 'ok'}
@@ -64,12 +65,19 @@ def _repairs(candidate: str) -> Iterable[str]:
     normalised = _normalise(candidate)
     yield normalised
     trimmed = normalised
-    for _ in range(200):  # drop trailing fragments one comma at a time until it closes
-        yield _close(trimmed)
+    for attempt in range(200):  # drop trailing fragments one comma at a time until it closes
+        # A number at the very end may have been cut short (0.75 -> 0.7): drop it, never close it.
+        # (After a cut at a separator the number before it was complete.)
+        if attempt > 0 or not _ends_in_number(trimmed):
+            yield _close(trimmed)
         cut = _last_separator(trimmed)
         if cut <= 0:
             return
         trimmed = trimmed[:cut]
+
+
+def _ends_in_number(text: str) -> bool:
+    return bool(text) and (text[-1].isdigit() or text[-1] in ".-+eE") and not _open_string(text)
 
 
 def _normalise(text: str) -> str:
