@@ -107,3 +107,12 @@ def test_a_truncated_reply_never_yields_a_score_the_model_did_not_give(scores, r
         return
     for rubric, value in judgment.scores.items():
         assert value == scores[rubric]  # a number cut short is dropped, never kept as a different score
+
+
+def test_entries_without_indices_map_by_position_only_when_counts_match():
+    two = '{"steps": [{"scores": {"goal_progress": 0.1}}, {"scores": {"goal_progress": 0.2}}]}'
+    assert {i: j.scores["goal_progress"] for i, j in parse_steps(two, IDS, [5, 6]).items()} == {
+        5: 0.1,
+        6: 0.2,
+    }
+    assert parse_steps(two, IDS, [5, 6, 7]) == {}  # which is which? unknown: no scores

@@ -259,14 +259,15 @@ def parse_steps(text: str, rubric_ids: list[str], step_indices: list[int]) -> di
             return {step_indices[0]: _judgment(data, rubric_ids)}
         raise ParseError(f"reply has no 'steps' list (keys: {sorted(data)})")
     result: dict[int, Judgment] = {}
+    positional = len(entries) == len(step_indices)
     for position, entry in enumerate(entries):
-        index = _step_index(entry, position, step_indices)
+        index = _step_index(entry, position if positional else None, step_indices)
         if index is not None and index in step_indices:
             result[index] = _judgment(entry, rubric_ids)
     return result
 
 
-def _step_index(entry: object, position: int, step_indices: list[int]) -> int | None:
+def _step_index(entry: object, position: int | None, step_indices: list[int]) -> int | None:
     if not isinstance(entry, dict):
         return None
     for key in ("step", "step_index", "index"):
@@ -276,7 +277,7 @@ def _step_index(entry: object, position: int, step_indices: list[int]) -> int | 
         if isinstance(value, str) and value.strip().isdigit():
             return int(value)
     # No index given: take the order only when it lines up one-to-one with the request.
-    return step_indices[position] if position < len(step_indices) else None
+    return step_indices[position] if position is not None else None
 
 
 def parse_trajectory(text: str, rubric_ids: list[str]) -> Judgment:
