@@ -49,13 +49,20 @@ def step(thought: str, tool: str, obs: str, process: float | None = None, **para
 def golden_group(task_id: str = "task-a") -> list[TrajectoryScored]:
     """Four rollouts of one task: all share step 0; they diverge at step 1."""
     s0 = step("List the repo first.", "bash", "src/ tests/ README.md", 0.8, cmd="ls")
+    t1_steps = [
+        s0,
+        step("Run the tests.", "bash", "1 failed", 0.9, cmd="pytest"),
+        step("Fix the off-by-one.", "write_file", "ok", 1.0, path="src/a.py", text="x = 1"),
+    ]
+    t2_steps = [s0, step("Read the code.", "read_file", "x = 0", 0.6, path="src/a.py")]
+    t3_steps = [s0, step("Read the tests.", "read_file", "assert x", 0.5, path="tests/t.py")]
+    t4_steps = [s0, step("Give up.", "", "", 0.1)]
     return [
-        scored(f"{task_id}-t1", task_id, 0.9, [s0, step("Run the tests.", "bash", "1 failed", 0.9, cmd="pytest"),
-               step("Fix the off-by-one.", "write_file", "ok", 1.0, path="src/a.py", text="x = 1")]),
-        scored(f"{task_id}-t2", task_id, 0.52, [s0, step("Read the code.", "read_file", "x = 0", 0.6, path="src/a.py")]),
-        scored(f"{task_id}-t3", task_id, 0.5, [s0, step("Read the tests.", "read_file", "assert x", 0.5, path="tests/t.py")]),
-        scored(f"{task_id}-t4", task_id, 0.1, [s0, step("Give up.", "", "", 0.1)]),
-    ]  # fmt: skip
+        scored(f"{task_id}-t1", task_id, 0.9, t1_steps),
+        scored(f"{task_id}-t2", task_id, 0.52, t2_steps),
+        scored(f"{task_id}-t3", task_id, 0.5, t3_steps),
+        scored(f"{task_id}-t4", task_id, 0.1, t4_steps),
+    ]
 
 
 def synthetic(n: int, group_size: int = 4, steps: int = 3, obs_len: int = 40) -> list[TrajectoryScored]:
@@ -64,10 +71,15 @@ def synthetic(n: int, group_size: int = 4, steps: int = 3, obs_len: int = 40) ->
     for i in range(n):
         task, member = i // group_size, i % group_size
         body = [
-            step(f"step {s} of task {task}", TOOLS[(s + member) % 3], ("output line %d " % s) * (obs_len // 14),
-                 round(((s + member) % 5) / 4, 2), arg=f"{task}-{s}-{member}")
+            step(
+                f"step {s} of task {task}",
+                TOOLS[(s + member) % 3],
+                f"output line {s} " * (obs_len // 14),
+                round(((s + member) % 5) / 4, 2),
+                arg=f"{task}-{s}-{member}",
+            )
             for s in range(steps)
-        ]  # fmt: skip
+        ]
         reward = round(((member * 7 + task * 3) % 11) / 10, 2)
         out.append(scored(f"traj-{i:05d}", f"task-{task:04d}", reward, body, group_id=f"grp-{task:04d}"))
     return out
