@@ -104,6 +104,7 @@ def test_leave_group_triggers_rebalance_and_commit_rules():
         one, two = await known_member(coordinator), await known_member(coordinator)
         await asyncio.gather(coordinator.join(join_request(one)), coordinator.join(join_request(two)))
         assert coordinator.commit_error("g", 1, one) == ErrorCode.REBALANCE_IN_PROGRESS  # awaiting sync
+        assert coordinator.heartbeat("g", 1, one) == ErrorCode.NONE, "heartbeats between join and sync"
         await asyncio.gather(coordinator.sync("g", 1, one, {}), coordinator.sync("g", 1, two, {}))
         assert coordinator.commit_error("g", 1, one) is None
         assert coordinator.commit_error("g", 7, one) == ErrorCode.ILLEGAL_GENERATION

@@ -367,8 +367,9 @@ class GroupCoordinator:
             return ErrorCode.REBALANCE_IN_PROGRESS
         if generation != group.generation:
             return ErrorCode.ILLEGAL_GENERATION
-        if group.state is GroupState.COMPLETING_REBALANCE:
-            return ErrorCode.REBALANCE_IN_PROGRESS
+        # CompletingRebalance: a member may heartbeat between its JoinGroup and SyncGroup; like
+        # current Kafka, that is a normal heartbeat (answering REBALANCE_IN_PROGRESS would make it
+        # rejoin and start another rebalance)
         return ErrorCode.NONE
 
     def leave(self, group_id: str, member_ids: list[str]) -> dict[str, int]:
