@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from consumers.trainer.batch_writer import BatchStore
+from consumers.trainer.batch_writer import BatchStore, read_rows
 from consumers.trainer.builders.common import reward_of
 from schemas import topics
 from schemas.codec import decode, encode
@@ -201,3 +201,33 @@ def test_executor_follows_batches_and_publishes_policy_updates(broker, data_dir)
     once.stop()
     versions = [e.policy_version for e in _read_all(broker.bootstrap, topics.POLICY_UPDATES)]
     assert versions == ["v1", "v2"]
+
+
+def test_tokenized_parquet_batches_and_idle_exit(broker, data_dir):
+    from infra.kafka_clients import ensure_topics
+
+    ensure_topics(broker.bootstrap)
+    producer = _producer(broker.bootstrap)
+    _publish(producer, synthetic(16, group_size=GROUP))
+    producer.close()
+    args = [*AGENTSTREAM, "trainer", "--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir)]
+    args += [
+        "--kinds",
+        "sft_tokenized,grpo",
+        "--tokenizer",
+        "tiny",
+        "--format",
+        "parquet",
+        "--idle-exit-s",
+        "2",
+    ]
+    proc = Proc([*args, "--flush-interval-s", "0.2", "--max-length", "550"], data_dir.parent / "trainer.log")
+    assert proc.popen.wait(timeout=120) == 0, proc.log_text()[-3000:]
+    proc.stop()
+    store = BatchStore(data_dir)
+    [grpo] = store.manifests("grpo")
+    assert grpo.format == "parquet" and grpo.row_count == 16
+    rows = [r for m in store.manifests("sft_tokenized") for r in read_rows(m.path)]
+    assert {r["trajectory_id"] for r in rows} == {t.trajectory_id for t in synthetic(16) if t.success}
+    assert all(len(r["input_ids"]) == len(r["labels"]) <= 550 for r in rows)
+    assert any(r["num_chunks"] > 1 for r in rows)  # 550 tokens (the prompt is ~360) forces step-boundary chunks

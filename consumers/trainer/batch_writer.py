@@ -117,8 +117,10 @@ def encode_rows(rows: list[dict[str, Any]], fmt: str) -> bytes:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        # from_pylist takes its columns from the first row: give every row every key
+        keys = list(dict.fromkeys(k for r in rows for k in r))
         buffer = io.BytesIO()
-        pq.write_table(pa.Table.from_pylist(rows), buffer)
+        pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows]), buffer)
         return buffer.getvalue()
     return b"".join(orjson.dumps(r) + b"\n" for r in rows)
 
