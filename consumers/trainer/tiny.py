@@ -8,6 +8,8 @@ and renders OpenAI `tool_calls` and `tool` turns.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +100,13 @@ def tiny_model_dir(data_dir: Path, corpus: list[str] | None = None, **model_kw: 
         return path
     tokenizer = train_tokenizer(corpus)
     model = build_model(tokenizer, **model_kw)
-    path.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(path)
-    model.save_pretrained(path)
-    log.info("built tiny model at %s (vocab %d)", path, len(tokenizer))
+    # build beside it and rename: the consumer and the executor may both build it at first start
+    tmp = path.with_name(f"tiny.tmp-{os.getpid()}")
+    tokenizer.save_pretrained(tmp)
+    model.save_pretrained(tmp)
+    try:
+        os.rename(tmp, path)
+        log.info("built tiny model at %s (vocab %d)", path, len(tokenizer))
+    except OSError:  # another process won the race; its model is identical (same corpus and seed)
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
