@@ -34,10 +34,19 @@ from streams.judge.client import JudgeCallError, JudgeClient
 from streams.judge.config import JudgeConfig
 from streams.judge.parse import ParseError
 from streams.judge.pricing import call_cost
-from streams.judge.prompt import StepView, TrajectoryView, group_prompt, step_prompt, trajectory_prompt
+from streams.judge.prompt import group_prompt, step_prompt, trajectory_prompt
 from streams.judge.rubrics import RubricCatalog
 from streams.judge.scoring import CallMeta, JudgeRequest, Target, failure_events, reply_events
 from streams.judge.selection import JudgeRule, JudgeRules
+from streams.judge.state import (
+    as_int,
+    group_member,
+    new_record,
+    rule_of,
+    step_dict,
+    step_view,
+    trajectory_view,
+)
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +169,7 @@ class JudgeProcessor:
                 continue
             self.pending_since.pop(tid, None)
             rec = self.state.get(tid)
-            rule = _rule(rec) if rec else None
+            rule = rule_of(rec) if rec else None
             if rule is not None and rec.get("pending"):
                 requests += self._drain(tid, rec, rule, final=True)
                 self.state[tid] = rec
@@ -182,7 +191,7 @@ class JudgeProcessor:
     # --- state transitions ------------------------------------------------------------------------
 
     def _on_started(self, started: EpisodeStarted, result: ProcessResult) -> list[JudgeRequest]:
-        rec = self.state.get(started.trajectory_id) or _new_record()
+        rec = self.state.get(started.trajectory_id) or new_record()
         if rec.get("decided"):
             return []  # duplicate episode.started
         rule = self.rules.rule_for(started)
@@ -194,7 +203,7 @@ class JudgeProcessor:
             task=started.task,
             domain=started.domain,
             group_id=started.group_id,
-            expected=rule.group_size or _int(started.metadata.get("group_size")),
+            expected=rule.group_size or as_int(started.metadata.get("group_size")),
             start_event_id=started.event_id,
         )
         if rule.mode == "step":
@@ -210,21 +219,21 @@ class JudgeProcessor:
 
     def _on_step(self, step: StepRecorded) -> list[JudgeRequest]:
         tid = step.trajectory_id
-        rec = self.state.get(tid) or _new_record()
+        rec = self.state.get(tid) or new_record()
         if rec.get("decided") and rec.get("rule") is None:
             return []
         seen = rec.setdefault("seen", [])
         if step.step_index in seen:
             return []  # duplicate
         seen.append(step.step_index)
-        rule = _rule(rec)
+        rule = rule_of(rec)
         if rec.get("done") and (rule is None or rule.mode != "step"):
             log.info(
                 "%s: step %d of %s arrived after it was judged whole; not judged", NAME, step.step_index, tid
             )
             self.state[tid] = rec
             return []
-        rec["steps"].append(_step_dict(step, self.config.observation_chars))
+        rec["steps"].append(step_dict(step, self.config.observation_chars))
         requests = []
         if rule is not None and rule.mode == "step":
             rec["pending"].append(step.step_index)
@@ -234,11 +243,11 @@ class JudgeProcessor:
 
     def _on_ended(self, ended: EpisodeEnded, result: ProcessResult) -> list[JudgeRequest]:
         tid = ended.trajectory_id
-        rec = self.state.get(tid) or _new_record()
+        rec = self.state.get(tid) or new_record()
         if (rec.get("decided") and rec.get("rule") is None) or rec.get("ended") is not None:
             return []
         rec["ended"] = {"success": ended.success, "score": ended.score, "event_id": ended.event_id}
-        rule = _rule(rec)
+        rule = rule_of(rec)
         requests = [] if rule is None else self._finish(tid, rec, rule, result)
         self.state[tid] = rec
         return requests
@@ -248,7 +257,7 @@ class JudgeProcessor:
         if rule.mode == "step":
             requests = self._drain(tid, rec, rule, final=True)
         elif rule.mode == "group" and rec.get("group_id"):
-            member = _member(tid, rec, self.config.observation_chars * 2)
+            member = group_member(tid, rec, self.config.observation_chars * 2)
             result.group_members.append((rec["group_id"], orjson.dumps(member)))
             requests = []
         else:
@@ -286,8 +295,8 @@ class JudgeProcessor:
         prompt = step_prompt(
             rec.get("task", ""),
             rubrics,
-            [_view(s) for s in steps],
-            [_view(s) for s in context] if rule.context_steps else [],
+            [step_view(s) for s in steps],
+            [step_view(s) for s in context] if rule.context_steps else [],
             self.config.observation_chars,
         )
         targets = [Target(tid, s["eid"], step_index=s["i"]) for s in steps]
@@ -295,7 +304,7 @@ class JudgeProcessor:
 
     def _trajectory_request(self, tid: str, rec: dict, rule: JudgeRule) -> JudgeRequest:
         rubrics = self._rubrics(rec.get("domain", "generic"), rule)
-        view = _trajectory_view("T1", rec["steps"], rec.get("ended"))
+        view = trajectory_view("T1", rec["steps"], rec.get("ended"))
         prompt = trajectory_prompt(rec.get("task", ""), rubrics, view, self.config.observation_chars * 4)
         target = Target(tid, rec["ended"]["event_id"], label="T1", group_id=rec.get("group_id"))
         return JudgeRequest("trajectory", prompt, rubrics, [target], model=self.config.model)
@@ -327,7 +336,7 @@ class JudgeProcessor:
         members = [group["members"][k] for k in sorted(group["members"])]
         labels = [f"T{i + 1}" for i in range(len(members))]
         views = [
-            _trajectory_view(lbl, m["steps"], m.get("ended")) for lbl, m in zip(labels, members, strict=True)
+            trajectory_view(lbl, m["steps"], m.get("ended")) for lbl, m in zip(labels, members, strict=True)
         ]
         prompt = group_prompt(group.get("task", ""), rubrics, views, self.config.observation_chars * 2)
         targets = [
@@ -344,13 +353,10 @@ class JudgeProcessor:
             return []
         batches = await asyncio.gather(*(self._run(r) for r in requests))
         events = [e for batch in batches for e in batch]
-        for event in events:
-            if event.type == "reward.judge.failed":
-                self.stats.failed += 1
-                log.warning("%s: trajectory %s step %s not judged (%s): %s", NAME, event.trajectory_id,
-                            event.step_index, event.kind, event.reason)  # fmt: skip
-            else:
-                self.stats.scored += 1
+        failed = [e for e in events if e.type == "reward.judge.failed"]
+        self.stats.failed += len(failed)
+        self.stats.scored += len(events) - len(failed)
+        _log_failures(failed)
         return events
 
     async def _run(self, request: JudgeRequest) -> list[EventBase]:
@@ -423,67 +429,23 @@ class JudgeProcessor:
 # --- helpers --------------------------------------------------------------------------------------
 
 
-def _new_record() -> dict:
-    return {"decided": False, "rule": None, "steps": [], "pending": [], "ended": None}
-
-
-def _rule(rec: dict) -> JudgeRule | None:
-    return JudgeRule.model_validate(rec["rule"]) if rec.get("rule") else None
-
-
-def _int(value: object) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _step_dict(step: StepRecorded, observation_chars: int) -> dict:
-    return {
-        "i": step.step_index,
-        "eid": step.event_id,
-        "tool": step.tool,
-        "params": step.params,
-        "thought": step.thought[:4000],
-        "observation": step.observation[: observation_chars + 1000],
-        "exit_code": step.exit_code,
-        "error": step.error,
-    }
-
-
-def _view(s: dict) -> StepView:
-    return StepView(
-        step_index=s["i"],
-        tool=s.get("tool", ""),
-        params=s.get("params") or {},
-        thought=s.get("thought", ""),
-        observation=s.get("observation", ""),
-        exit_code=s.get("exit_code"),
-        error=s.get("error"),
-    )
-
-
-def _trajectory_view(label: str, steps: list[dict], ended: dict | None) -> TrajectoryView:
-    ordered = [_view(s) for s in sorted(steps, key=lambda s: s["i"])]
-    ended = ended or {}
-    return TrajectoryView(label, ordered, ended.get("success"), ended.get("score"))
-
-
-def _member(tid: str, rec: dict, observation_budget: int) -> dict:
-    """An ended trajectory for the group topic; observations cut to what the group prompt shows,
-    so a long trajectory stays well under the broker's message size limit."""
-    per_step = max(200, observation_budget // max(1, len(rec["steps"])))
-    steps = [{**s, "observation": s.get("observation", "")[: per_step + 100]} for s in rec["steps"]]
-    return {
-        "group_id": rec["group_id"],
-        "trajectory_id": tid,
-        "task": rec.get("task", ""),
-        "domain": rec.get("domain", "generic"),
-        "rule": rec["rule"],
-        "expected": rec.get("expected"),
-        "steps": steps,
-        "ended": rec["ended"],
-    }
+def _log_failures(failed: list) -> None:
+    """One line per failure kind per batch (a paused budget must not flood the log), naming the
+    first trajectory and step affected."""
+    by_kind: dict[str, list] = {}
+    for event in failed:
+        by_kind.setdefault(event.kind, []).append(event)
+    for kind, events in by_kind.items():
+        first = events[0]
+        log.warning(
+            "%s: %d target(s) not judged (%s), e.g. trajectory %s step %s: %s",
+            NAME,
+            len(events),
+            kind,
+            first.trajectory_id,
+            first.step_index,
+            first.reason,
+        )
 
 
 def _letter(record: SourceRecord, reason: str, error_type: str) -> DeadLetter:

@@ -1,0 +1,77 @@
+"""Per-trajectory judge state as plain JSON-able dicts (what the faust table stores), and the
+views the prompt is rendered from. Pure.
+
+A record: `decided` (episode.started seen), `rule` (the JudgeRule as a dict, or None: not judged),
+task / domain / group_id / expected group size, `steps` (kept for context or the whole trajectory),
+`pending` (step indices waiting to fill a batch), `seen` (step indices, for duplicates), `ended`,
+`done` (judged whole, or its steps flushed at the end).
+"""
+
+from __future__ import annotations
+
+from schemas.events import StepRecorded
+from streams.judge.prompt import StepView, TrajectoryView
+from streams.judge.selection import JudgeRule
+
+
+def new_record() -> dict:
+    return {"decided": False, "rule": None, "steps": [], "pending": [], "ended": None}
+
+
+def rule_of(rec: dict) -> JudgeRule | None:
+    return JudgeRule.model_validate(rec["rule"]) if rec.get("rule") else None
+
+
+def as_int(value: object) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def step_dict(step: StepRecorded, observation_chars: int) -> dict:
+    return {
+        "i": step.step_index,
+        "eid": step.event_id,
+        "tool": step.tool,
+        "params": step.params,
+        "thought": step.thought[:4000],
+        "observation": step.observation[: observation_chars + 1000],
+        "exit_code": step.exit_code,
+        "error": step.error,
+    }
+
+
+def step_view(s: dict) -> StepView:
+    return StepView(
+        step_index=s["i"],
+        tool=s.get("tool", ""),
+        params=s.get("params") or {},
+        thought=s.get("thought", ""),
+        observation=s.get("observation", ""),
+        exit_code=s.get("exit_code"),
+        error=s.get("error"),
+    )
+
+
+def trajectory_view(label: str, steps: list[dict], ended: dict | None) -> TrajectoryView:
+    ordered = [step_view(s) for s in sorted(steps, key=lambda s: s["i"])]
+    ended = ended or {}
+    return TrajectoryView(label, ordered, ended.get("success"), ended.get("score"))
+
+
+def group_member(tid: str, rec: dict, observation_budget: int) -> dict:
+    """An ended trajectory for the group topic; observations cut to what the group prompt shows,
+    so a long trajectory stays well under the broker's message size limit."""
+    per_step = max(200, observation_budget // max(1, len(rec["steps"])))
+    steps = [{**s, "observation": s.get("observation", "")[: per_step + 100]} for s in rec["steps"]]
+    return {
+        "group_id": rec["group_id"],
+        "trajectory_id": tid,
+        "task": rec.get("task", ""),
+        "domain": rec.get("domain", "generic"),
+        "rule": rec["rule"],
+        "expected": rec.get("expected"),
+        "steps": steps,
+        "ended": rec["ended"],
+    }
