@@ -14,7 +14,7 @@ from schemas.topics import FEEDBACK_HUMAN
 from streams.judge.annotations import annotation_event, pair_scores
 from streams.judge.calibration import CalibrationMap
 from streams.judge.cli import _publish, read_topics
-from tests.support.processes import AGENTSTREAM
+from tests.support.processes import AGENTSTREAM, wait_for
 
 T0 = "2026-11-21T10:00:00Z"
 
@@ -45,9 +45,10 @@ def test_pairs_match_labels_to_judge_scores_per_domain_and_rubric():
     assert pairs.unmatched == 2
 
 
-@pytest.mark.integration
-def test_annotate_import_and_calibrate_publish_a_map_that_undoes_the_distortion(broker, tmp_path):
-    ensure_topics(broker.bootstrap)
+def _harsh_judge_data(bootstrap: str, tmp_path):
+    """60 judged trajectories (judge = human ** 2.5) published; their labels written as JSONL, plus
+    one bad row."""
+    ensure_topics(bootstrap)
     rng = random.Random(3)
     judged, labels = [], []
     for n in range(60):
@@ -63,10 +64,15 @@ def test_annotate_import_and_calibrate_publish_a_map_that_undoes_the_distortion(
                             judge_model="m", prompt_version="v", scores={}, score=round(auto, 6))
         )  # fmt: skip
         labels.append({"trajectory_id": tid, "score": round(human, 6), "annotator": "ann"})
-    _publish(broker.bootstrap, judged)
+    _publish(bootstrap, judged)
     path = tmp_path / "labels.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in labels) + '\n{"trajectory_id": "x", "score": 3}\n')
+    return path
 
+
+@pytest.mark.integration
+def test_annotate_import_and_calibrate_publish_a_map_that_undoes_the_distortion(broker, tmp_path):
+    path = _harsh_judge_data(broker.bootstrap, tmp_path)
     done = _cli("annotate", "--import", str(path), bootstrap=broker.bootstrap)
     assert done.returncode == 1, done.stderr  # one bad row: reported, the rest published
     assert "published 60 annotation(s)" in done.stdout and "labels.jsonl:61" in done.stdout
@@ -90,3 +96,28 @@ def test_annotate_import_and_calibrate_publish_a_map_that_undoes_the_distortion(
         e for e in read_topics(broker.bootstrap, [FEEDBACK_HUMAN]) if e.type == "feedback.annotation"
     ]
     assert len(labels_on_topic) == 61
+
+
+@pytest.mark.integration
+def test_calibrate_from_clickhouse_gives_the_same_map(broker, clickhouse_url, tmp_path):
+    from tests.sink_fixtures.harness import reader, scalar, start_sink
+
+    path = _harsh_judge_data(broker.bootstrap, tmp_path)
+    assert _cli("annotate", "--import", str(path), bootstrap=broker.bootstrap).returncode == 1
+    from_topics = _cli("calibrate", "--min-pairs", "20", bootstrap=broker.bootstrap)
+    sink = start_sink(broker.bootstrap, clickhouse_url, tmp_path / "sink")
+    try:
+        client = reader(clickhouse_url)
+        wait_for(
+            lambda: scalar(client, "SELECT count() FROM agentstream.annotations") >= 60, 90, what="labels"
+        )
+        wait_for(
+            lambda: scalar(client, "SELECT count() FROM agentstream.judge_scores") >= 60, 90, what="scores"
+        )
+        from_ch = _cli("calibrate", "--source", "clickhouse", "--clickhouse-url", clickhouse_url,
+                       "--min-pairs", "20", bootstrap=broker.bootstrap)  # fmt: skip
+    finally:
+        sink.proc.stop()
+    assert from_ch.returncode == 0, from_ch.stderr
+    version = next(w for w in from_topics.stdout.split() if w.startswith("cal-"))
+    assert version in from_ch.stdout and "| coding" in from_ch.stdout

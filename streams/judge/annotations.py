@@ -100,30 +100,45 @@ def _judge_value(scores: dict[str, float], overall: float | None, rubric: str) -
     return overall if rubric == OVERALL else scores.get(rubric)
 
 
+@dataclass
+class ScoreTables:
+    """What pairing needs, from events (`from_events`) or from ClickHouse rows (`cli.py`)."""
+
+    domains: dict[str, str] = field(default_factory=dict)
+    steps: dict[tuple[str, int], tuple[dict[str, float], float | None]] = field(default_factory=dict)
+    trajectories: dict[str, tuple[dict[str, float], float | None]] = field(default_factory=dict)
+    labels: dict[tuple[str, int | None, str], list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    @classmethod
+    def from_events(cls, events: Iterable[EventBase]) -> ScoreTables:
+        tables = cls()
+        for e in events:
+            if isinstance(e, EpisodeStarted):
+                tables.domains[e.trajectory_id] = e.domain
+            elif isinstance(e, JudgeStep):
+                tables.steps[(e.trajectory_id, e.step_index)] = (dict(e.scores), e.score)
+            elif isinstance(e, JudgeTrajectory):
+                tables.trajectories[e.trajectory_id] = (dict(e.scores), e.score)
+            elif isinstance(e, FeedbackAnnotation):
+                tables.labels[(e.trajectory_id, e.step_index, e.rubric)].append(e.score)
+        return tables
+
+
 def pair_scores(events: Iterable[EventBase], domain: str | None = None) -> Pairs:
     """Pair human labels with judge scores (see the module docstring); `domain` filters."""
-    domains: dict[str, str] = {}
-    steps: dict[tuple[str, int], JudgeStep] = {}
-    trajectories: dict[str, JudgeTrajectory] = {}
-    labels: dict[tuple[str, int | None, str], list[float]] = defaultdict(list)
-    for e in events:
-        if isinstance(e, EpisodeStarted):
-            domains[e.trajectory_id] = e.domain
-        elif isinstance(e, JudgeStep):
-            steps[(e.trajectory_id, e.step_index)] = e
-        elif isinstance(e, JudgeTrajectory):
-            trajectories[e.trajectory_id] = e
-        elif isinstance(e, FeedbackAnnotation):
-            labels[(e.trajectory_id, e.step_index, e.rubric)].append(e.score)
-    steps_of: dict[str, list[JudgeStep]] = defaultdict(list)
-    for (tid, _), event in steps.items():
-        steps_of[tid].append(event)
+    return pair_tables(ScoreTables.from_events(events), domain)
+
+
+def pair_tables(tables: ScoreTables, domain: str | None = None) -> Pairs:
+    steps_of: dict[str, list[tuple[dict[str, float], float | None]]] = defaultdict(list)
+    for (tid, _), judged in tables.steps.items():
+        steps_of[tid].append(judged)
     pairs = Pairs()
-    for (tid, step_index, rubric), human in sorted(labels.items(), key=lambda kv: str(kv[0])):
-        auto = _auto_score(tid, step_index, rubric, steps, trajectories, steps_of)
-        dom = domains.get(tid, "generic")
+    for (tid, step_index, rubric), human in sorted(tables.labels.items(), key=lambda kv: str(kv[0])):
+        dom = tables.domains.get(tid, "generic")
         if domain is not None and dom != domain:
             continue
+        auto = _auto_score(tid, step_index, rubric, tables, steps_of)
         if auto is None:
             pairs.unmatched += 1
             continue
@@ -131,12 +146,11 @@ def pair_scores(events: Iterable[EventBase], domain: str | None = None) -> Pairs
     return pairs
 
 
-def _auto_score(tid, step_index, rubric, steps, trajectories, steps_of) -> float | None:
+def _auto_score(tid, step_index, rubric, tables: ScoreTables, steps_of) -> float | None:
     if step_index is not None:
-        judged = steps.get((tid, step_index))
-        return _judge_value(judged.scores, judged.score, rubric) if judged else None
-    if tid in trajectories:
-        judged = trajectories[tid]
-        return _judge_value(judged.scores, judged.score, rubric)
-    values = [v for s in steps_of.get(tid, []) if (v := _judge_value(s.scores, s.score, rubric)) is not None]
+        judged = tables.steps.get((tid, step_index))
+        return _judge_value(*judged, rubric) if judged else None
+    if tid in tables.trajectories:
+        return _judge_value(*tables.trajectories[tid], rubric)
+    values = [v for judged in steps_of.get(tid, []) if (v := _judge_value(*judged, rubric)) is not None]
     return sum(values) / len(values) if values else None

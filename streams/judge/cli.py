@@ -47,6 +47,13 @@ def register(sub) -> None:
     )
     add_option(parser, "--plot", help="write a PNG reliability plot here")
     add_option(parser, "--read-timeout", type=float, default=30.0, help="seconds to read the topics")
+    add_option(
+        parser,
+        "--source",
+        choices=("topics", "clickhouse"),
+        default="topics",
+        help="read scores and labels from the topics, or from ClickHouse (--clickhouse-url; faster at scale)",
+    )
 
 
 # --- annotate -------------------------------------------------------------------------------------
@@ -120,12 +127,16 @@ def _publish(bootstrap: str, events) -> None:
 
 def calibrate(args) -> int:
     from schemas.topics import AGENT_EVENTS, FEEDBACK_HUMAN, REWARD_JUDGE
-    from streams.judge.annotations import pair_scores
+    from streams.judge.annotations import ScoreTables, pair_tables
     from streams.judge.calibration import CalibrationError, fit_calibration, reliability_plot, report_rows
 
     bootstrap = _bootstrap(args)
-    events = read_topics(bootstrap, [AGENT_EVENTS, REWARD_JUDGE, FEEDBACK_HUMAN], args.read_timeout)
-    pairs = pair_scores(events, args.domain)
+    if args.source == "clickhouse":
+        tables = read_clickhouse(_clickhouse_url(args))
+    else:
+        events = read_topics(bootstrap, [AGENT_EVENTS, REWARD_JUDGE, FEEDBACK_HUMAN], args.read_timeout)
+        tables = ScoreTables.from_events(events)
+    pairs = pair_tables(tables, args.domain)
     results, skipped = [], []
     for (domain, rubric), matched in sorted(pairs.by_key.items()):
         if len(matched) < max(2, args.min_pairs):
@@ -174,6 +185,38 @@ def _print_report(rows, skipped, unmatched: int) -> None:
         print(f"skipped {line}")
     if unmatched:
         print(f"{unmatched} label(s) had no judge score to compare with")
+
+
+def _clickhouse_url(args) -> str:
+    from schemas.settings import Settings
+
+    return Settings.from_args(args).resolved_clickhouse_url
+
+
+def read_clickhouse(url: str):
+    """Judge scores, labels and episode domains from the ClickHouse tables the sink fills."""
+    from infra.clickhouse.client import connect
+    from streams.judge.annotations import ScoreTables
+
+    client = connect(url, wait_s=10.0)
+    tables = ScoreTables()
+    rows = client.query("SELECT trajectory_id, any(domain) FROM agentstream.episodes GROUP BY trajectory_id")
+    tables.domains = {tid: domain or "generic" for tid, domain in rows.result_rows}
+    judged = client.query(
+        "SELECT trajectory_id, kind, step_index, scores, score FROM agentstream.judge_scores FINAL "
+        "WHERE kind IN ('step', 'trajectory') ORDER BY occurred_at"
+    )
+    for tid, kind, step_index, scores, score in judged.result_rows:
+        if kind == "step" and step_index is not None:
+            tables.steps[(tid, int(step_index))] = (dict(scores), score)
+        elif kind == "trajectory":
+            tables.trajectories[tid] = (dict(scores), score)
+    labels = client.query(
+        "SELECT trajectory_id, step_index, rubric, score FROM agentstream.annotations FINAL"
+    )
+    for tid, step_index, rubric, score in labels.result_rows:
+        tables.labels[(tid, None if step_index is None else int(step_index), rubric)].append(float(score))
+    return tables
 
 
 def read_topics(bootstrap: str, topics: list[str], timeout_s: float = 30.0) -> list:
