@@ -188,3 +188,10 @@ def test_offset_commit_and_v8_groups_offset_fetch(state):
     response = asyncio.run(HANDLERS[9](state, request))
     rows = response.groups[0].topics[0].partitions
     assert [(r.partition_index, r.committed_offset, r.metadata) for r in rows] == [(0, 5, "m"), (1, -1, "")]
+
+
+def test_batch_over_max_message_bytes_is_refused(state):
+    state.store.create_topic("small", 1, {"max.message.bytes": "512"})
+    response = produce(state, "small", 0, record_batch([b"y" * 2000]))
+    assert response.responses[0].partition_responses[0].error_code == 10  # MESSAGE_TOO_LARGE
+    assert state.store.log("small", 0).high_watermark == 0

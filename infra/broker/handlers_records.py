@@ -37,6 +37,7 @@ NO_TRANSACTIONS = "transactions are not supported by the embedded broker (transa
 
 # order matters: subclasses first
 APPEND_ERRORS: tuple[tuple[type[Exception], int], ...] = (
+    (errors.RecordTooLargeError, ErrorCode.MESSAGE_TOO_LARGE),
     (errors.CorruptRecordError, ErrorCode.CORRUPT_MESSAGE),
     (errors.InvalidRecordError, ErrorCode.INVALID_RECORD),
     (errors.OutOfOrderSequenceError, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
