@@ -131,3 +131,28 @@ def test_join_errors():
         assert (await coordinator.join(old_client)).error == ErrorCode.NONE
 
     run(scenario())
+
+
+def test_a_new_member_joining_a_stable_group_triggers_a_rebalance():
+    """Regression: a new member must not be answered from the stable generation (it would get an
+    empty assignment and kafka-python would crash decoding it)."""
+
+    async def scenario():
+        coordinator = GroupCoordinator(FAST)
+        one = await known_member(coordinator)
+        first = await coordinator.join(join_request(one))
+        await coordinator.sync("g", first.generation, one, {one: b"all"})
+        assert coordinator.groups["g"].state is GroupState.STABLE
+        newcomer = await known_member(coordinator)
+        joining = asyncio.ensure_future(coordinator.join(join_request(newcomer)))
+        await asyncio.sleep(0.05)
+        assert not joining.done(), "the newcomer waits for a new generation"
+        assert coordinator.groups["g"].state is GroupState.PREPARING_REBALANCE
+        assert coordinator.heartbeat("g", first.generation, one) == ErrorCode.REBALANCE_IN_PROGRESS
+        again = await coordinator.join(join_request(one))
+        result = await joining
+        assert (
+            result.error == ErrorCode.NONE and result.generation == again.generation == first.generation + 1
+        )
+
+    run(scenario())

@@ -154,8 +154,9 @@ class GroupCoordinator:
                 return JoinResult(ErrorCode.MEMBER_ID_REQUIRED, member_id)
             request.member_id = member_id
         group.pending.pop(request.member_id, None)
+        rejoining = request.member_id in group.members
         member = self._upsert_member(group, request)
-        if self._can_answer_from_stable(group, member, request):
+        if rejoining and self._can_answer_from_stable(group, member, request):
             return self._join_result(group, member)
         member.join_future = asyncio.get_running_loop().create_future()
         future = member.join_future
@@ -207,7 +208,8 @@ class GroupCoordinator:
         return member
 
     def _can_answer_from_stable(self, group: Group, member: Member, request: JoinRequest) -> bool:
-        """A follower rejoining a stable group with unchanged metadata gets the current generation."""
+        """A follower rejoining a stable group with unchanged metadata gets the current generation.
+        Only for existing members: a new member always triggers a rebalance (it has no assignment)."""
         if group.state is not GroupState.STABLE or member.member_id == group.leader_id:
             return False
         return member.metadata_for(group.protocol_name) == dict(request.protocols).get(group.protocol_name)
