@@ -138,12 +138,18 @@ def group_parser(sub, name: str, help: str):
     )
 
 
+# Client libraries that narrate every connection at INFO; they speak up at WARNING unless asked (DEBUG).
+_CHATTY_LOGGERS = ("kafka", "aiokafka", "faust", "mode", "urllib3", "httpx", "chdb")
+
+
 def _configure_logging(level: str) -> None:
+    numeric = getattr(logging, str(level).upper(), logging.INFO)
     logging.basicConfig(
-        level=getattr(logging, str(level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        level=numeric, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    if numeric > logging.DEBUG:
+        for name in _CHATTY_LOGGERS:
+            logging.getLogger(name).setLevel(max(numeric, logging.WARNING))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

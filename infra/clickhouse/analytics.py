@@ -75,11 +75,16 @@ def bootstrap_ci(
 
 def welch_p(a: Sequence[float], b: Sequence[float]) -> float:
     """Two-sided Welch t-test p-value; nan when either side has < 2 values or no variance at all."""
+    import warnings
+
     from scipy import stats
 
     if len(a) < 2 or len(b) < 2:
         return math.nan
-    result = stats.ttest_ind(a, b, equal_var=False)
+    with warnings.catch_warnings():
+        # Near-identical samples: scipy warns about precision; the p-value it returns is still right.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = stats.ttest_ind(a, b, equal_var=False)
     p = float(result.pvalue)
     return p if math.isfinite(p) else math.nan
 
