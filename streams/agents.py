@@ -15,7 +15,7 @@ import logging
 
 from schemas.codec import encode, encode_key
 from schemas.events import EventBase
-from schemas.topics import AGENT_EVENTS, TOPICS, topic_for
+from schemas.topics import topic_for
 from streams.app import WorkerConfig
 from streams.dlq import send_dead_letters
 from streams.processors import BatchResult, Record, RuleRewarder, TrajectoryAssembler
@@ -24,13 +24,13 @@ from streams.rules.profiles import ProfileRegistry
 log = logging.getLogger(__name__)
 
 
-def _state_table(app, name: str):
+def _state_table(app, name: str, partitions: int):
     return app.Table(
         "state",
         default=None,
         key_type=bytes,
         value_type=bytes,
-        partitions=TOPICS[AGENT_EVENTS].partitions,
+        partitions=partitions,
         use_partitioner=True,  # changelog partition from the key, as for the source topics
         help=f"per-trajectory state of processor {name}",
     )
@@ -52,27 +52,35 @@ def _records(events) -> list[Record]:
 
 async def send_events(app, events: list[EventBase]) -> None:
     """Send events to their topics (keyed by trajectory id) and wait until all are acknowledged."""
+    await _send_all(app, [(topic_for(e.type), encode_key(e), encode(e)) for e in events])
+
+
+async def _send_all(app, messages: list[tuple[str, bytes, bytes]]) -> None:
     producer = app.producer
-    futures = []
-    for event in events:
-        futures.append(
-            await producer.send(topic_for(event.type), encode_key(event), encode(event), None, None, None)
-        )
+    futures = [await producer.send(topic, key, value, None, None, None) for topic, key, value in messages]
     if futures:
         await asyncio.gather(*futures)
 
 
 async def apply_result(app, table, stage: str, result: BatchResult) -> None:
+    """Outputs first, then the state: the changelog never runs ahead of what was emitted.
+
+    The changelog records are sent (and awaited) here rather than through `table[key] = value`,
+    because faust's table writes go through a buffer that its pre-commit flush gives up on after
+    0.1 s, so offsets could be committed before the state they cover was stored."""
     await send_events(app, result.outputs)
     await send_dead_letters(app, stage, result.dead)
-    for key, value in result.updates.items():
-        table[key] = value
+    if result.updates:
+        changelog = table.changelog_topic.get_topic_name()
+        await _send_all(app, [(changelog, key, value) for key, value in result.updates.items()])
+        for key, value in result.updates.items():
+            table.data[key] = value
 
 
 def register_rules(app, config: WorkerConfig) -> None:
     profiles = ProfileRegistry.from_file(config.profiles_path)
     processor = RuleRewarder(profiles, config.reward_version)
-    table = _state_table(app, processor.name)
+    table = _state_table(app, processor.name, config.partitions)
 
     @app.agent(_source(app, processor), name=processor.name)
     async def rules(stream):
@@ -85,7 +93,7 @@ def register_rules(app, config: WorkerConfig) -> None:
 def register_assembler(app, config: WorkerConfig) -> None:
     profiles = ProfileRegistry.from_file(config.profiles_path)
     processor = TrajectoryAssembler(profiles, config.grace_seconds, judge_mode=judge_mode_function(config))
-    table = _state_table(app, processor.name)
+    table = _state_table(app, processor.name, config.partitions)
     lock = asyncio.Lock()
     restored = {"done": False}
 
@@ -119,6 +127,7 @@ def _track_restored(processor: TrajectoryAssembler, table, restored: dict) -> No
     if restored["done"]:
         return
     restored["done"] = True
+    processor.started_at = processor.clock()  # grace periods of restored trajectories start now
     count = processor.track_restored(list(table.data.items()))
     log.info("%s: %d restored trajectories may still emit", processor.name, count)
 

@@ -9,8 +9,8 @@ environment. faust is imported inside `create_app` so `agentstream --help` stays
 
 Roles:
 - `rules` and `assembler`: streams/agents.py.
-- `judge`: `streams.judge.agent:register(app, config)` (owned by the judge package); the worker says
-  so clearly when that module is not there.
+- `judge`: `streams.judge.agent:register_judge_agents(app, config)` (owned by the judge package;
+  it reads its own `AGENTSTREAM_JUDGE_*` settings).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 ROLE_REGISTRARS = {
     "rules": "streams.agents:register_rules",
     "assembler": "streams.agents:register_assembler",
-    "judge": "streams.judge.agent:register",
+    "judge": "streams.judge.agent:register_judge_agents",
 }
 DEFAULT_ROLES = ("rules", "assembler")
 
@@ -51,6 +51,8 @@ class WorkerConfig:
     batch_max: int = 2000
     batch_within_s: float = 0.05
     timer_interval_s: float = 1.0
+    session_timeout_s: float = 10.0  # a killed worker's partitions move on after this long
+    partitions: int = TOPICS[AGENT_EVENTS].partitions  # of the source topics = of the state tables
     reward_version: str = "rules-1"
     app_prefix: str = "agentstream"
     extra: dict[str, Any] = field(default_factory=dict)
@@ -95,9 +97,11 @@ def create_app(config: WorkerConfig, role: str):
         value_serializer="raw",  # tables hold orjson bytes; topics are decoded by schemas.codec
         web_enabled=False,
         topic_replication_factor=1,
-        topic_partitions=TOPICS[AGENT_EVENTS].partitions,
+        topic_partitions=config.partitions,
         producer_acks=-1,
         broker_commit_interval=1.0,
+        broker_session_timeout=config.session_timeout_s,
+        broker_heartbeat_interval=max(0.5, config.session_timeout_s / 5),
         consumer_auto_offset_reset="earliest",
         stream_buffer_maxsize=max(4096, config.batch_max * 2),
         broker_max_poll_records=max(500, config.batch_max),

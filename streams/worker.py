@@ -13,11 +13,13 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from infra.kafka_clients import ensure_topics
+from schemas import topics
 from schemas.settings import Settings
-from streams.app import WorkerConfig, create_app
+from streams.app import WorkerConfig, WorkerConfigError, create_app
 
 log = logging.getLogger(__name__)
 CHILD_STOP_GRACE_S = 10.0
@@ -43,9 +45,31 @@ def config_from_args(args) -> WorkerConfig:
 def main(args) -> int:
     config = config_from_args(args)
     ensure_topics(config.bootstrap_servers)
+    config = replace(config, partitions=source_partitions(config.bootstrap_servers))
     if len(config.roles) == 1:
         return run_role(config, config.roles[0], args.log_level)
     return supervise(config, args)
+
+
+def source_partitions(bootstrap: str) -> int:
+    """The partition count shared by every topic a processor reads (the state tables use the same,
+    so a trajectory's state lives in the partition of its events). Differing counts are refused:
+    faust would silently recover only some table partitions."""
+    from kafka import KafkaConsumer
+
+    names = (topics.AGENT_EVENTS, topics.REWARD_RULE, topics.REWARD_JUDGE, topics.FEEDBACK_HUMAN)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        counts = {name: len(consumer.partitions_for_topic(name) or ()) for name in names}
+    finally:
+        consumer.close()
+    if len(set(counts.values())) != 1 or 0 in counts.values():
+        detail = ", ".join(f"{k}={v}" for k, v in counts.items())
+        raise WorkerConfigError(
+            f"source topics must have the same number of partitions, got {detail} "
+            "(create them with `agentstream topics create` before producing)"
+        )
+    return next(iter(counts.values()))
 
 
 def run_role(config: WorkerConfig, role: str, log_level: str = "INFO") -> int:

@@ -106,6 +106,8 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 2.0) -> list[Event
     )
     try:
         parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        if not parts:
+            return []
         consumer.assign(parts)
         consumer.seek_to_beginning(*parts)
         end = consumer.end_offsets(parts)
