@@ -94,7 +94,16 @@ def test_exactly_once_under_kill9(broker, data_dir):
             )
             return complete and have
 
-        counts = wait_for(done, timeout_s=120, interval_s=0.5, what="all trajectories batched")
+        try:
+            counts = wait_for(done, timeout_s=120, interval_s=0.5, what="all trajectories batched")
+        except TimeoutError:
+            have = {
+                k: {i for m in store.manifests(k) for i in m.trajectory_ids} for k in ("sft", "grpo", "dpo")
+            }
+            missing = {k: len((eligible_sft if k == "sft" else every) - v) for k, v in have.items()}
+            raise AssertionError(
+                f"not batched after 120 s: {missing}; log: {proc.log_text()[-2000:]}"
+            ) from None
         time.sleep(1.0)  # anything extra (a duplicate batch) would show up now
         counts = done()
     finally:
@@ -230,4 +239,6 @@ def test_tokenized_parquet_batches_and_idle_exit(broker, data_dir):
     rows = [r for m in store.manifests("sft_tokenized") for r in read_rows(m.path)]
     assert {r["trajectory_id"] for r in rows} == {t.trajectory_id for t in synthetic(16) if t.success}
     assert all(len(r["input_ids"]) == len(r["labels"]) <= 550 for r in rows)
-    assert any(r["num_chunks"] > 1 for r in rows)  # 550 tokens (the prompt is ~360) forces step-boundary chunks
+    assert any(
+        r["num_chunks"] > 1 for r in rows
+    )  # 550 tokens (the prompt is ~360) forces step-boundary chunks
