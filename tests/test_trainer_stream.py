@@ -95,14 +95,14 @@ def test_exactly_once_under_kill9(broker, data_dir):
             return complete and have
 
         try:
-            counts = wait_for(done, timeout_s=120, interval_s=0.5, what="all trajectories batched")
+            counts = wait_for(done, timeout_s=240, interval_s=0.5, what="all trajectories batched")
         except TimeoutError:
             have = {
                 k: {i for m in store.manifests(k) for i in m.trajectory_ids} for k in ("sft", "grpo", "dpo")
             }
             missing = {k: len((eligible_sft if k == "sft" else every) - v) for k, v in have.items()}
             raise AssertionError(
-                f"not batched after 120 s: {missing}; log: {proc.log_text()[-2000:]}"
+                f"not batched after 240 s: {missing}; log: {proc.log_text()[-2000:]}"
             ) from None
         time.sleep(1.0)  # anything extra (a duplicate batch) would show up now
         counts = done()
