@@ -71,8 +71,19 @@ def train_tokenizer(corpus: list[str] | None = None, vocab_size: int = 512) -> A
     return fast
 
 
-def build_model(tokenizer: Any, hidden_size: int = 64, layers: int = 2, seed: int = 0) -> Any:
-    """A randomly initialised Qwen2 causal LM sized for `tokenizer` (fp32)."""
+def build_model(
+    tokenizer: Any,
+    hidden_size: int = 64,
+    layers: int = 2,
+    seed: int = 0,
+    intermediate_size: int | None = None,
+    heads: int = 4,
+    kv_heads: int = 2,
+) -> Any:
+    """A randomly initialised Qwen2 causal LM sized for `tokenizer` (fp32).
+
+    Qwen2.5-0.5B's shape is hidden 896, intermediate 4864, 24 layers, 14 heads, 2 KV heads.
+    """
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -80,10 +91,10 @@ def build_model(tokenizer: Any, hidden_size: int = 64, layers: int = 2, seed: in
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
+        intermediate_size=intermediate_size or hidden_size * 2,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=4096,
         tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id,

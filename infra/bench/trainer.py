@@ -26,6 +26,11 @@ def add_arguments(parser) -> None:
     add_option(parser, "--train-rows", type=int, default=8, help="rows per training step")
     add_option(parser, "--hidden-size", type=int, default=64, help="model built from config: hidden size")
     add_option(parser, "--layers", type=int, default=2, help="model built from config: layers")
+    add_option(
+        parser, "--intermediate-size", type=int, help="model built from config: MLP size (default 2x hidden)"
+    )
+    add_option(parser, "--heads", type=int, default=4, help="model built from config: attention heads")
+    add_option(parser, "--kv-heads", type=int, default=2, help="model built from config: key/value heads")
     add_option(parser, "--device", help="cpu / cuda (default: cuda when available)")
     add_option(parser, "--lora", action="store_true", default=True, help="LoRA (false: full fine-tuning)")
     add_option(
@@ -138,7 +143,10 @@ def training_rows(args, data_dir: Path) -> tuple[list[dict], dict]:
     tokenizer = train_tokenizer()
     model_dir = data_dir / "models" / "tiny"
     tokenizer.save_pretrained(model_dir)
-    build_model(tokenizer, hidden_size=args.hidden_size, layers=args.layers).save_pretrained(model_dir)
+    shape = {"intermediate_size": args.intermediate_size, "heads": args.heads, "kv_heads": args.kv_heads}
+    model = build_model(tokenizer, hidden_size=args.hidden_size, layers=args.layers, **shape)
+    model.save_pretrained(model_dir)
+    params = sum(p.numel() for p in model.parameters())
     config = TrainConfig(
         base_model="tiny",
         micro_batch_size=args.train_rows,
@@ -159,7 +167,13 @@ def training_rows(args, data_dir: Path) -> tuple[list[dict], dict]:
             {"stage": f"train {method} (agentstream)", "trajectories": len(batch), "per_s": ours[method]}
         )
         rows[-1]["unit"] = unit
-    return rows, {"tokenizer": tokenizer, "model_dir": model_dir, "data": data, "ours": ours}
+    return rows, {
+        "tokenizer": tokenizer,
+        "model_dir": model_dir,
+        "data": data,
+        "ours": ours,
+        "params": params,
+    }
 
 
 def trl_rows(args, ctx: dict, work: Path) -> list[dict]:
@@ -260,7 +274,8 @@ def run(args) -> dict:
         rows += train
         notes = [
             "builders: pure Python on synthetic trajectories (4 per task, 3 steps); medians over --repeats",
-            f"training: model built from config (hidden {args.hidden_size}, {args.layers} layers), "
+            f"training: model built from config (hidden {args.hidden_size}, {args.layers} layers, "
+            f"{ctx['params'] / 1e6:.1f}M parameters), "
             f"{args.train_rows} rows/step, median of {args.train_steps} steps after one warm-up",
         ]
         if args.trl:
