@@ -48,7 +48,7 @@ class TopicReader:
         self.consumer.close()
 
 
-def _worker(broker, tmp_path, server, rules_path, name, roles="judge", **extra_env):
+def _worker(broker, tmp_path, server, rules_path, name, roles="judge", log_level="INFO", **extra_env):
     env = {
         "ANTHROPIC_API_KEY": "dummy-key",
         "AGENTSTREAM_JUDGE_BASE_URL": server.url,
@@ -56,7 +56,7 @@ def _worker(broker, tmp_path, server, rules_path, name, roles="judge", **extra_e
         **extra_env,
     }
     args = [*AGENTSTREAM, "worker", "--roles", roles, "--bootstrap-servers", broker.bootstrap]
-    args += ["--data-dir", str(tmp_path / "data"), "--judge-rules", str(rules_path), "--log-level", "INFO"]
+    args += ["--data-dir", str(tmp_path / "data"), "--judge-rules", str(rules_path), "--log-level", log_level]
     return Proc(args, tmp_path / f"{name}.log", env)
 
 
@@ -214,3 +214,41 @@ def test_worker_keeps_going_through_a_failing_endpoint(broker, tmp_path):
     assert "error" in {e.kind for e in failures} and {e.kind for e in failures} <= {"error", "circuit_open"}
     assert all("HTTP 500" in e.reason or e.kind == "circuit_open" for e in failures)
     assert [e.type for e in recovered] == ["reward.judge.trajectory"] and recovered[0].score is not None
+
+
+def test_kill9_mid_batch_loses_no_score_and_replays_reuse_ids(broker, tmp_path):
+    """kill -9 while calls are in flight: the restarted worker re-reads what was not committed and
+    judges it again; every step gets a score, and a step judged twice has one event id."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: all\n    mode: step\n")
+    ensure_topics(broker.bootstrap)
+    tids = [f"k-{n}" for n in range(10)]
+    with MessagesServer(latency_s=1.5) as server:
+        reader = TopicReader(broker.bootstrap, REWARD_JUDGE)
+        _produce(broker.bootstrap, [e for t in tids for e in trajectory(t, n=2, task=f"task {t}")])
+        worker = _worker(broker, tmp_path, server, rules, "worker1", AGENTSTREAM_JUDGE_CONCURRENCY="4")
+        try:
+            wait_for(
+                lambda: len(server.requests) >= 2, 90, what=f"calls in flight\n{worker.log_text()[-2000:]}"
+            )
+        finally:
+            worker.kill9()
+        server.latency_s = 0.0
+        worker = _worker(broker, tmp_path, server, rules, "worker2")
+        try:
+            want = {(t, i) for t in tids for i in range(2)}
+
+            def all_scored():
+                return {(e.trajectory_id, e.step_index) for e in reader.poll()} >= want
+
+            wait_for(all_scored, 90, what=f"every step scored\n{worker.log_text()[-2000:]}")
+            time.sleep(1.0)
+            events = reader.poll()
+        finally:
+            worker.stop()
+            reader.close()
+    by_target: dict = {}
+    for e in events:
+        assert e.type == "reward.judge.step"
+        by_target.setdefault((e.trajectory_id, e.step_index), set()).add(e.event_id)
+    assert len(by_target) == 20 and all(len(ids) == 1 for ids in by_target.values())

@@ -56,7 +56,8 @@ def register_judge_agents(app, config: object | None = None):
 def _add_agents(app, cfg: JudgeConfig, processor) -> None:
     from schemas.topics import AGENT_EVENTS, REWARD_JUDGE, TOPICS
 
-    partitions = TOPICS[AGENT_EVENTS].partitions
+    # the worker sets topic_partitions from the source topics; the tables must match them
+    partitions = int(getattr(app.conf, "topic_partitions", 0) or TOPICS[AGENT_EVENTS].partitions)
     source = app.topic(AGENT_EVENTS, value_serializer="raw", key_serializer="raw")
     sink = app.topic(REWARD_JUDGE, value_serializer="raw", key_serializer="raw")
     groups_topic = app.topic(
@@ -67,8 +68,8 @@ def _add_agents(app, cfg: JudgeConfig, processor) -> None:
         internal=True,  # faust creates it at start-up
     )
     # use_partitioner: a key's changelog partition comes from the producer's partitioner (murmur2 of
-    # the key bytes), the same as the source topics', so table writes from a batch (take_events)
-    # or a timer land in the right partition without faust's per-event context.
+    # the key bytes), the same as the source topics', so writes made after a batch (take_events)
+    # or by a timer land in the right partition without faust's per-event context.
     # key_type/value_type bytes: the raw serializer for the changelog too (recovery decodes with it).
     table_options = {
         "partitions": partitions,
@@ -76,32 +77,62 @@ def _add_agents(app, cfg: JudgeConfig, processor) -> None:
         "key_type": bytes,
         "value_type": bytes,
     }
-    trajectories = app.Table(f"{NAME}-trajectories", **table_options)
-    groups = app.Table(GROUPS_NAME, **table_options)
-    processor.state = BytesKeyed(trajectories)
-    processor.groups = BytesKeyed(groups)
+    tables = {
+        "state": app.Table(f"{NAME}-trajectories", **table_options),
+        "groups": app.Table(GROUPS_NAME, **table_options),
+    }
+    processor.bind(BytesKeyed(tables["state"]), BytesKeyed(tables["groups"]))
+
+    async def step(work) -> None:
+        """One entry point: judge, publish (acked), then store the state (acked). Offsets move
+        after this returns, so a crash anywhere replays the input against the old state."""
+        async with processor.lock:
+            result = await work()
+            await _publish(app, sink, groups_topic, result)
+            await _store(app, tables, processor.take_updates())
 
     @app.agent(source, name=NAME)
     async def judge(stream):
         async for batch in stream.take_events(cfg.take_max, within=cfg.take_within_s):
-            result = await processor.process_records([_record(e) for e in batch])
-            await _publish(app, sink, groups_topic, result)
+            records = [_record(e) for e in batch]
+            log.debug("%s: batch of %d record(s)", NAME, len(records))
+            await step(lambda records=records: processor.process_records(records))
 
     @app.agent(groups_topic, name=GROUPS_NAME)
     async def judge_groups(stream):
         async for batch in stream.take_events(cfg.take_max, within=cfg.take_within_s):
-            result = await processor.process_group_records([_record(e) for e in batch])
-            await _publish(app, sink, groups_topic, result)
+            records = [_record(e) for e in batch]
+            await step(lambda records=records: processor.process_group_records(records))
 
     @app.timer(interval=max(1.0, min(cfg.group_wait_s / 4, 30.0)), name=f"{GROUPS_NAME}-timeout")
     async def judge_groups_timeout():
-        result = await processor.flush_quiet_groups()
-        await _publish(app, sink, groups_topic, result)
+        await step(processor.flush_quiet_groups)
 
     @app.timer(interval=max(1.0, min(cfg.step_wait_s / 4, 30.0)), name=f"{NAME}-step-timeout")
     async def judge_steps_timeout():
-        result = await processor.flush_stale_steps()
-        await _publish(app, sink, groups_topic, result)
+        await step(processor.flush_stale_steps)
+
+
+async def _store(app, tables: dict, updates: dict[str, dict]) -> None:
+    """Write state to the tables: changelog records sent and acknowledged first, then the local
+    store (faust's own table writes go through a buffer its pre-commit flush may not wait for)."""
+    import asyncio
+
+    futures, local = [], []
+    for name, changes in updates.items():
+        table = tables[name]
+        changelog = table.changelog_topic.get_topic_name()
+        for key, value in changes.items():
+            raw_key, raw_value = key.encode(), None if value is None else orjson.dumps(value)
+            futures.append(await app.producer.send(changelog, raw_key, raw_value, None, None, None))
+            local.append((table, raw_key, raw_value))
+    if futures:
+        await asyncio.gather(*futures)
+    for table, raw_key, raw_value in local:
+        if raw_value is None:
+            table.data.pop(raw_key, None)
+        else:
+            table.data[raw_key] = raw_value
 
 
 def _record(event):

@@ -39,6 +39,7 @@ from streams.judge.rubrics import RubricCatalog
 from streams.judge.scoring import CallMeta, JudgeRequest, Target, failure_events, reply_events
 from streams.judge.selection import JudgeRule, JudgeRules
 from streams.judge.state import (
+    StagedState,
     as_int,
     group_member,
     new_record,
@@ -104,8 +105,12 @@ class JudgeProcessor:
         self.cache = cache or ReplyCache(config.cache_entries)
         self.now = now
         self.wall = wall
-        self.state: MutableMapping[str, dict | None] = {}
-        self.groups: MutableMapping[str, dict | None] = {}
+        # Writes are staged until the caller has published the outputs (see `bind`); with
+        # `autocommit` (the default: plain dicts, tests, the bench) they apply at the end of a call.
+        self.state = StagedState()
+        self.groups = StagedState()
+        self.autocommit = True
+        self.lock = asyncio.Lock()  # the faust shell runs one entry point at a time under it
         self.stats = JudgeStats()
         self._inflight: dict[str, asyncio.Future] = {}
         # step mode: trajectories with a part-filled batch -> when its first step arrived (memory
@@ -117,6 +122,25 @@ class JudgeProcessor:
         """Rules and rubrics from the files named in `config`; `kw` as for the constructor."""
         rules = JudgeRules.load(config.rules_path)
         return cls(config, rules, RubricCatalog.load(config.rubrics_path), JudgeClient(config), **kw)
+
+    def bind(self, state: MutableMapping, groups: MutableMapping) -> None:
+        """Use durable mappings (faust tables). The caller then publishes each result and stores
+        `take_updates()` itself, in that order, under `lock`."""
+        self.state, self.groups = StagedState(state), StagedState(groups)
+        self.autocommit = False
+
+    def take_updates(self) -> dict[str, dict]:
+        """State writes of the last entry point (None = deleted), to store after publishing."""
+        return {"state": self.state.take(), "groups": self.groups.take()}
+
+    async def _transaction(self, work) -> ProcessResult:
+        self.state.discard()  # left over from a call that raised: its input will be replayed
+        self.groups.discard()
+        result = await work
+        if self.autocommit:
+            self.state.commit()
+            self.groups.commit()
+        return result
 
     # --- entry points -----------------------------------------------------------------------------
 
@@ -133,6 +157,22 @@ class JudgeProcessor:
         return result
 
     async def process_events(self, events: Sequence[EventBase]) -> ProcessResult:
+        return await self._transaction(self._process_events(events))
+
+    async def process_group_records(self, records: Sequence[SourceRecord]) -> ProcessResult:
+        """Group members forwarded by `process_events` (keyed by group id)."""
+        return await self._transaction(self._process_group_records(records))
+
+    async def flush_stale_steps(self) -> ProcessResult:
+        """Step mode: judge part-filled batches that have waited `step_wait_s` (a slow agent's steps
+        should not wait for the episode to end)."""
+        return await self._transaction(self._flush_stale_steps())
+
+    async def flush_quiet_groups(self) -> ProcessResult:
+        """Judge groups whose expected size is unknown or unreached after `group_wait_s` of quiet."""
+        return await self._transaction(self._flush_quiet_groups())
+
+    async def _process_events(self, events: Sequence[EventBase]) -> ProcessResult:
         result = ProcessResult()
         requests: list[JudgeRequest] = []
         for event in events:
@@ -145,8 +185,7 @@ class JudgeProcessor:
         result.outputs.extend(await self.run_requests(requests))
         return result
 
-    async def process_group_records(self, records: Sequence[SourceRecord]) -> ProcessResult:
-        """Group members forwarded by `process_events` (keyed by group id)."""
+    async def _process_group_records(self, records: Sequence[SourceRecord]) -> ProcessResult:
         result, requests = ProcessResult(), []
         for record in records:
             try:
@@ -159,9 +198,7 @@ class JudgeProcessor:
         result.outputs.extend(await self.run_requests(requests))
         return result
 
-    async def flush_stale_steps(self) -> ProcessResult:
-        """Step mode: judge part-filled batches that have waited `step_wait_s` (a slow agent's steps
-        should not wait for the episode to end)."""
+    async def _flush_stale_steps(self) -> ProcessResult:
         requests = []
         now = self.wall()
         for tid, since in list(self.pending_since.items()):
@@ -175,8 +212,7 @@ class JudgeProcessor:
                 self.state[tid] = rec
         return ProcessResult(outputs=await self.run_requests(requests))
 
-    async def flush_quiet_groups(self) -> ProcessResult:
-        """Judge groups whose expected size is unknown or unreached after `group_wait_s` of quiet."""
+    async def _flush_quiet_groups(self) -> ProcessResult:
         requests = []
         for group_id in list(self.groups.keys()):
             group = self.groups.get(group_id)

@@ -9,6 +9,9 @@ task / domain / group_id / expected group size, `steps` (kept for context or the
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator, MutableMapping
+
 from schemas.events import StepRecorded
 from streams.judge.prompt import StepView, TrajectoryView
 from streams.judge.selection import JudgeRule
@@ -75,3 +78,60 @@ def group_member(tid: str, rec: dict, observation_budget: int) -> dict:
         "steps": steps,
         "ended": rec["ended"],
     }
+
+
+_DELETED = object()
+
+
+class StagedState(MutableMapping):
+    """Writes are held here until the outputs they lead to are published: a worker killed in
+    between replays its input against the old state, so nothing is lost (at-least-once). Reads see
+    staged values first; values read from the durable mapping are copies, so mutating a record
+    never changes durable state behind the caller's back."""
+
+    def __init__(self, durable: MutableMapping | None = None):
+        self.durable: MutableMapping = {} if durable is None else durable
+        self.staged: dict = {}
+
+    def __getitem__(self, key):
+        if key in self.staged:
+            value = self.staged[key]
+            if value is _DELETED:
+                raise KeyError(key)
+            return value
+        return copy.deepcopy(self.durable[key])
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __setitem__(self, key, value) -> None:
+        self.staged[key] = value
+
+    def __delitem__(self, key) -> None:
+        self.staged[key] = _DELETED
+
+    def __iter__(self) -> Iterator:
+        keys = dict.fromkeys([*self.durable.keys(), *self.staged.keys()])
+        return (k for k in keys if self.staged.get(k) is not _DELETED)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def take(self) -> dict:
+        """The staged writes (None = deleted), cleared here."""
+        staged, self.staged = self.staged, {}
+        return {k: (None if v is _DELETED else v) for k, v in staged.items()}
+
+    def commit(self) -> None:
+        """Apply the staged writes to the durable mapping directly (no changelog to wait for)."""
+        for key, value in self.take().items():
+            if value is None:
+                self.durable.pop(key, None)
+            else:
+                self.durable[key] = value
+
+    def discard(self) -> None:
+        self.staged.clear()
