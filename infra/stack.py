@@ -70,7 +70,13 @@ def components(config: StackConfig) -> list[Component]:
     if config.trainer:
         out.append(Component("trainer", ("trainer",)))
     if config.gateway:
-        out.append(Component("gateway", ("gateway", "--port", str(config.gateway_port))))
+        out.append(
+            Component(
+                "gateway",
+                ("gateway", "--port", str(config.gateway_port), "--ready-file", "run/gateway.ready"),
+                ready_file="run/gateway.ready",
+            )
+        )
     return out
 
 
