@@ -303,3 +303,19 @@ def test_a_part_filled_step_batch_is_judged_after_step_wait(server):
     assert [e.step_index for e in flushed.outputs] == [0, 1]
     assert [e.step_index for e in later.outputs] == [2]
     assert processor.pending_since == {}
+
+
+def test_a_group_member_forwarded_again_after_a_restart_is_not_judged_twice(server):
+    processor = make(server, JudgeRules(rules=[JudgeRule(mode="group", group_size=2)]))
+
+    async def go():
+        first = await processor.process_events([e for t in ("r1", "r2") for e in trajectory(t, group_id="g")])
+        records = [SourceRecord(value=p) for _, p in first.group_members]
+        judged = await processor.process_group_records(records)
+        again = await processor.process_group_records(records[:1])  # replayed after a crash
+        await processor.client.close()
+        return judged, again
+
+    judged, again = asyncio.run(go())
+    assert len(judged.outputs) == 2 and again.outputs == [] and len(server.requests) == 1
+    assert processor.groups.get("g") is not None and processor.groups.get("g")["judged"] == ["r1", "r2"]

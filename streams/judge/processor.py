@@ -355,6 +355,8 @@ class JudgeProcessor:
             "members": {},
             "done": False,
         }
+        if member["trajectory_id"] in group.get("judged", ()):
+            return []  # forwarded again after a restart: already judged with its group
         if group["done"]:
             group = {**group, "members": {}, "done": False}  # a late member: judged on its own
         group["members"][member["trajectory_id"]] = member
@@ -379,7 +381,8 @@ class JudgeProcessor:
             Target(m["trajectory_id"], m["ended"]["event_id"], label=lbl, group_id=group_id)
             for lbl, m in zip(labels, members, strict=True)
         ]
-        self.groups[group_id] = {**group, "members": {}, "done": True}
+        judged = sorted({*group.get("judged", ()), *group["members"]})
+        self.groups[group_id] = {**group, "members": {}, "done": True, "judged": judged}
         return JudgeRequest("group", prompt, rubrics, targets, model=self.config.model)
 
     # --- calls ------------------------------------------------------------------------------------
