@@ -319,3 +319,22 @@ def test_a_group_member_forwarded_again_after_a_restart_is_not_judged_twice(serv
     judged, again = asyncio.run(go())
     assert len(judged.outputs) == 2 and again.outputs == [] and len(server.requests) == 1
     assert processor.groups.get("g") is not None and processor.groups.get("g")["judged"] == ["r1", "r2"]
+
+
+def test_judged_state_is_forgotten_after_its_ttl(server):
+    wall = [1000.0]
+    processor = make(server, JudgeRules(rules=[JudgeRule(mode="trajectory")]), state_ttl_s=3600.0)
+    processor.wall = lambda: wall[0]
+
+    async def go():
+        await processor.process_events([*trajectory("old", task="one"), started("open"), step("open", 0)])
+        wall[0] += 1800
+        await processor.expire_state()
+        kept = set(processor.state)
+        wall[0] += 1801
+        await processor.expire_state()
+        await processor.client.close()
+        return kept, set(processor.state)
+
+    kept, after = asyncio.run(go())
+    assert kept == {"old", "open"} and after == {"open"}  # a running trajectory is never dropped

@@ -112,6 +112,10 @@ def _add_agents(app, cfg: JudgeConfig, processor) -> None:
     async def judge_steps_timeout():
         await step(processor.flush_stale_steps)
 
+    @app.timer(interval=max(1.0, min(cfg.state_ttl_s / 4, 600.0)), name=f"{NAME}-state-ttl")
+    async def judge_state_ttl():
+        await step(processor.expire_state)
+
 
 async def _store(app, tables: dict, updates: dict[str, dict]) -> None:
     """Write state to the tables: changelog records sent and acknowledged first, then the local

@@ -72,6 +72,9 @@ class JudgeConfig(BaseSettings):
     take_max: int = Field(256, ge=1, description="events taken from the stream per batch")
     take_within_s: float = Field(0.2, gt=0.0, description="max wait to fill a batch")
     group_wait_s: float = Field(120.0, gt=0.0, description="group mode: judge after this quiet period")
+    state_ttl_s: float = Field(
+        6 * 3600.0, gt=0.0, description="forget judged trajectories / groups after this long (bounded state)"
+    )
     step_wait_s: float = Field(
         30.0,
         gt=0.0,

@@ -172,6 +172,20 @@ class JudgeProcessor:
         """Judge groups whose expected size is unknown or unreached after `group_wait_s` of quiet."""
         return await self._transaction(self._flush_quiet_groups())
 
+    async def expire_state(self) -> ProcessResult:
+        """Forget trajectories and groups judged more than `state_ttl_s` ago (bounded state). An
+        event for one of them after that is treated as new (a late step in step mode is judged)."""
+        return await self._transaction(self._expire_state())
+
+    async def _expire_state(self) -> ProcessResult:
+        cutoff = self.wall() - self.config.state_ttl_s
+        for mapping in (self.state, self.groups):
+            for key in list(mapping.keys()):
+                value = mapping.get(key)
+                if value and value.get("done") and value.get("done_at", cutoff) < cutoff:
+                    del mapping[key]
+        return ProcessResult()
+
     async def _process_events(self, events: Sequence[EventBase]) -> ProcessResult:
         result = ProcessResult()
         requests: list[JudgeRequest] = []
@@ -298,7 +312,7 @@ class JudgeProcessor:
             requests = []
         else:
             requests = [self._trajectory_request(tid, rec, rule)]
-        rec.update(done=True, steps=[], pending=[])
+        rec.update(done=True, done_at=self.wall(), steps=[], pending=[])
         return requests
 
     def _drain(self, tid: str, rec: dict, rule: JudgeRule, final: bool) -> list[JudgeRequest]:
@@ -382,7 +396,13 @@ class JudgeProcessor:
             for lbl, m in zip(labels, members, strict=True)
         ]
         judged = sorted({*group.get("judged", ()), *group["members"]})
-        self.groups[group_id] = {**group, "members": {}, "done": True, "judged": judged}
+        self.groups[group_id] = {
+            **group,
+            "members": {},
+            "done": True,
+            "judged": judged,
+            "done_at": self.wall(),
+        }
         return JudgeRequest("group", prompt, rubrics, targets, model=self.config.model)
 
     # --- calls ------------------------------------------------------------------------------------
