@@ -1,13 +1,349 @@
-"""`agentstream bench streams` (not implemented yet; the owning issue replaces this stub)."""
+"""`agentstream bench streams`: rule-reward and assembly throughput per worker, publish-to-reward
+latency at a sustained offered load, and a plain one-event-at-a-time faust agent for comparison.
+
+Runs everything for real: `agentstream broker` (subprocess, fresh data directory), `agentstream
+worker --roles rules` / `--roles assembler` (subprocesses), kafka-python producers and consumers.
+
+- rules steps/s: `--trajectories` x `--steps` steps are published while the worker is stopped;
+  the worker is started and the rate is measured from its first to its last reward (so start-up and
+  recovery are excluded). Repeated `--repeats` times (at most 3) with fresh trajectories; median.
+- assembly steps/s: the same for `--roles assembler` over those trajectories (input: started,
+  steps, ended and the rule rewards), counting trajectory.scored events times steps per trajectory.
+- latency: with the rules worker caught up, steps are published at `--rate` steps/s for
+  `--duration` s; latency = the reward record's timestamp (set when the worker produced it) minus
+  the step record's timestamp (set when the producer sent it); p50 / p99.
+- baseline: the same rule logic in a plain faust agent (`async for event in stream`, a faust Table
+  updated per event, one `await topic.send` per reward), run as
+  `python -m infra.bench.streams baseline BOOTSTRAP DATA_DIR`, over the same published steps.
+"""
 
 from __future__ import annotations
 
-from schemas.errors import AgentstreamError
+import logging
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+BASELINE_TOPIC = "bench.baseline.rewards"
+BASELINE_APP = "agentstream-bench-baseline"
 
 
 def add_arguments(parser) -> None:
-    """Options of this benchmark."""
+    parser.add_argument("--trajectories", type=int, default=2000, help="trajectories per throughput run")
+    parser.add_argument("--steps", type=int, default=10, help="steps per trajectory")
+    parser.add_argument("--rate", type=float, default=1000.0, help="offered load for latency (steps/s)")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of offered load for latency")
+    parser.add_argument("--broker-flush", default="always", help="broker flush policy: always | interval")
+    parser.add_argument("--skip-baseline", action="store_true", help="do not run the plain faust agent")
 
 
 def run(args) -> dict:
-    raise AgentstreamError("agentstream bench streams is not implemented yet")
+    from infra.bench.broker import BrokerProcess
+    from infra.bench.report import median, percentile
+    from infra.kafka_clients import ensure_topics
+
+    repeats = max(1, min(int(args.repeats), 3))
+    rows, notes, raw = [], [], {}
+    with tempfile.TemporaryDirectory(prefix="agentstream-bench-streams-") as scratch:
+        scratch = Path(scratch)
+        with BrokerProcess(scratch / "broker", args.broker_flush) as bootstrap:
+            ensure_topics(bootstrap)
+            rules_rates, assembly_rates = [], []
+            for r in range(repeats):
+                n = _publish_batch(bootstrap, f"r{r}", args.trajectories, args.steps)
+                rules_rates.append(_measure_worker(bootstrap, scratch, "rules", "reward.rule", n))
+                n_traj = args.trajectories
+                traj_rate = _measure_worker(bootstrap, scratch, "assembler", "trajectory.scored", n_traj)
+                assembly_rates.append(traj_rate * args.steps)
+            raw["rules_steps_per_s"] = rules_rates
+            raw["assembly_steps_per_s"] = assembly_rates
+            latencies = _latency(bootstrap, scratch, args.rate, args.duration, args.steps)
+            raw["latency_ms_count"] = len(latencies)
+            rows.append(_row("rules (batched, take_events)", median(rules_rates), latencies, percentile))
+            rows.append({"processor": "assembler (batched)", "steps_per_s": median(assembly_rates)})
+            if not args.skip_baseline:
+                base = _measure_baseline(bootstrap, scratch, args.trajectories, args.steps)
+                raw["baseline_steps_per_s"] = base
+                rows.append({"processor": "plain faust agent + table (baseline)", "steps_per_s": base})
+                notes.append(f"batched rules / baseline = {median(rules_rates) / base:.1f}x")
+    notes.append(
+        f"{args.trajectories} trajectories x {args.steps} steps per run, {repeats} repeats (median); "
+        f"latency at {args.rate:.0f} steps/s offered for {args.duration:.0f}s; "
+        f"broker flush {args.broker_flush}"
+    )
+    return {"rows": rows, "notes": notes, "raw": raw}
+
+
+def _row(name, rate, latencies, percentile) -> dict:
+    return {
+        "processor": name,
+        "steps_per_s": rate,
+        "p50_ms": percentile(latencies, 50),
+        "p99_ms": percentile(latencies, 99),
+    }
+
+
+# --- load ------------------------------------------------------------------------------------------
+
+TOOLS = [
+    ("read_file", {"file_path": "/src/a.py"}, "see src/util.py and my_var"),
+    ("edit_file", {"file_path": "/src/a.py", "old_string": "a", "new_string": "b"}, "ok"),
+    ("bash", {"command": "pytest"}, "3 passed"),
+    ("grep", {"pattern": "foo"}, "src/m1.py: foo_bar"),
+]
+
+
+def _trajectory(tid: str, n_steps: int, rng: random.Random):
+    from schemas.events import EpisodeEnded, EpisodeStarted, StepRecorded
+
+    now = datetime.now(UTC)
+    yield EpisodeStarted(
+        event_id=f"{tid}:s", trajectory_id=tid, occurred_at=now, producer="bench", task_id=tid
+    )
+    for i in range(n_steps):
+        tool, params, output = rng.choice(TOOLS)
+        yield StepRecorded(
+            event_id=f"{tid}:{i}",
+            trajectory_id=tid,
+            occurred_at=now,
+            producer="bench",
+            step_index=i,
+            tool=tool,
+            params={**params, "i": i % 3},
+            observation=output,
+        )
+    yield EpisodeEnded(
+        event_id=f"{tid}:e", trajectory_id=tid, occurred_at=now, producer="bench", success=True
+    )
+
+
+def _producer(bootstrap: str, linger_ms: int = 5):
+    from kafka import KafkaProducer
+
+    return KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms, batch_size=256 * 1024)
+
+
+def _publish_batch(bootstrap: str, tag: str, trajectories: int, steps: int) -> int:
+    """Publish trajectories (each in order, interleaved by rounds); returns the number of steps."""
+    from schemas.codec import encode, encode_key
+
+    rng = random.Random(tag)
+    gens = [_trajectory(f"{tag}-{i}", steps, rng) for i in range(trajectories)]
+    prod = _producer(bootstrap)
+    while gens:
+        for g in list(gens):
+            event = next(g, None)
+            if event is None:
+                gens.remove(g)
+                continue
+            prod.send("agent.events", key=encode_key(event), value=encode(event))
+    prod.flush(timeout=120)
+    prod.close()
+    return trajectories * steps
+
+
+def _count(consumer, topic: str) -> int:
+    from kafka import TopicPartition
+
+    parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+    return sum(consumer.end_offsets(parts).values()) if parts else 0
+
+
+def _worker(bootstrap: str, scratch: Path, role: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "infra.cli", "worker", "--roles", role, "--bootstrap-servers", bootstrap]
+    args += ["--data-dir", str(scratch / "worker"), "--log-level", "WARNING", "--grace-seconds", "600"]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(scratch / f"{role}.log", "ab"))
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _rate_of(bootstrap: str, topic: str, expected: int, timeout_s: float = 300.0) -> float:
+    """Outputs/s on `topic` from the first new output until `expected` more have appeared."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        base = _count(consumer, topic)
+        deadline = time.monotonic() + timeout_s
+        first_t = first_n = None
+        while time.monotonic() < deadline:
+            n = _count(consumer, topic) - base
+            now = time.monotonic()
+            if first_t is None and n > 0:
+                first_t, first_n = now, n
+            if n >= expected:
+                return (n - first_n) / max(now - first_t, 1e-3)
+            time.sleep(0.05)
+        raise TimeoutError(f"{topic}: only {n} of {expected} outputs after {timeout_s:.0f}s")
+    finally:
+        consumer.close()
+
+
+def _measure_worker(bootstrap: str, scratch: Path, role: str, topic: str, expected: int) -> float:
+    proc = _worker(bootstrap, scratch, role)
+    try:
+        return _rate_of(bootstrap, topic, expected)
+    finally:
+        _stop(proc)
+
+
+def _latency(bootstrap: str, scratch: Path, rate: float, duration: float, steps: int) -> list[float]:
+    """Publish at `rate` steps/s with a caught-up rules worker; ms from step send to reward send."""
+    from kafka import KafkaConsumer
+
+    from schemas.codec import encode, encode_key
+
+    proc = _worker(bootstrap, scratch, "rules")
+    try:
+        _publish_batch(bootstrap, "warm", 20, steps)
+        _rate_of(bootstrap, "reward.rule", 20 * steps)  # the worker is up and caught up
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+        base = _count(consumer, "reward.rule")
+        rng = random.Random("latency")
+        n_traj = max(1, int(rate * duration / steps))
+        gens = [_trajectory(f"lat-{i}", steps, rng) for i in range(n_traj)]
+        events = [e for group in zip(*[list(g) for g in gens], strict=True) for e in group]
+        prod = _producer(bootstrap, linger_ms=1)
+        interval = 1.0 / rate
+        start = time.monotonic()
+        sent_steps = 0
+        for event in events:
+            if event.type == "step.recorded":
+                target = start + sent_steps * interval
+                delay = target - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                sent_steps += 1
+            prod.send("agent.events", key=encode_key(event), value=encode(event))
+        prod.flush(timeout=60)
+        prod.close()
+        deadline = time.monotonic() + 120
+        while _count(consumer, "reward.rule") - base < sent_steps and time.monotonic() < deadline:
+            time.sleep(0.2)
+        consumer.close()
+        return _join_latencies(bootstrap)
+    finally:
+        _stop(proc)
+
+
+def _read_all(bootstrap: str, topic: str):
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
+    parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+    consumer.assign(parts)
+    consumer.seek_to_beginning(*parts)
+    records = list(consumer)
+    consumer.close()
+    return records
+
+
+def _join_latencies(bootstrap: str) -> list[float]:
+    import orjson
+
+    sent = {}
+    for rec in _read_all(bootstrap, "agent.events"):
+        if rec.key and rec.key.startswith(b"lat-"):
+            event = orjson.loads(rec.value)
+            if event["type"] == "step.recorded":
+                sent[event["event_id"]] = rec.timestamp
+    out = []
+    for rec in _read_all(bootstrap, "reward.rule"):
+        if rec.key and rec.key.startswith(b"lat-"):
+            source = orjson.loads(rec.value)["source_event_id"]
+            if source in sent:
+                out.append(float(rec.timestamp - sent.pop(source)))
+    return out
+
+
+def _measure_baseline(bootstrap: str, scratch: Path, trajectories: int, steps: int) -> float:
+    from infra.kafka_clients import ensure_topics
+    from schemas.topics import TopicSpec
+
+    ensure_topics(bootstrap, [TopicSpec(BASELINE_TOPIC, ("reward.rule.step",))])
+    args = [sys.executable, "-m", "infra.bench.streams", "baseline", bootstrap, str(scratch / "baseline")]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(scratch / "baseline.log", "ab"))  # noqa: SIM115
+    try:
+        # the baseline reads agent.events from the beginning: every step published so far
+        return _rate_of(bootstrap, BASELINE_TOPIC, _steps_in_topic(bootstrap))
+    finally:
+        _stop(proc)
+
+
+def _steps_in_topic(bootstrap: str) -> int:
+    import orjson
+
+    return sum(
+        1
+        for rec in _read_all(bootstrap, "agent.events")
+        if orjson.loads(rec.value)["type"] == "step.recorded"
+    )
+
+
+# --- the baseline: a plain faust agent, one event at a time -------------------------------------------
+
+
+def baseline_main(bootstrap: str, data_dir: str) -> None:
+    """Rule rewards the textbook faust way: one event at a time, a Table updated per event."""
+    import faust
+    import orjson
+
+    from schemas.codec import decode, encode
+    from schemas.events import EpisodeStarted, StepRecorded
+    from streams.rules.profiles import ProfileRegistry
+    from streams.rules.stream import TrajectoryRules
+
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    app = faust.App(
+        BASELINE_APP,
+        broker=f"kafka://{bootstrap}",
+        datadir=data_dir,
+        store="memory://",
+        web_enabled=False,
+        key_serializer="raw",
+        value_serializer="raw",
+        topic_replication_factor=1,
+        consumer_auto_offset_reset="earliest",
+        topic_partitions=4,
+    )
+    profiles = ProfileRegistry()
+    table = app.Table("state", default=None, partitions=4)
+    source = app.topic("agent.events", key_type=bytes, value_type=bytes)
+    out = app.topic(BASELINE_TOPIC, key_type=bytes, value_type=bytes)
+
+    @app.agent(source)
+    async def rules(stream):
+        async for value in stream:
+            event = decode(value)
+            key = event.trajectory_id.encode()
+            raw = table.get(key)
+            state = TrajectoryRules.from_dict(orjson.loads(raw)) if raw else TrajectoryRules()
+            if isinstance(event, EpisodeStarted):
+                state.on_started(event)
+            elif isinstance(event, StepRecorded):
+                state.on_step(event)
+            for reward in state.advance(event.trajectory_id, profiles):
+                await out.send(key=key, value=encode(reward))
+            table[key] = orjson.dumps(state.to_dict())
+
+    faust.Worker(app, loglevel="warning", quiet=True).execute_from_commandline()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "baseline":
+        baseline_main(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit("usage: python -m infra.bench.streams baseline BOOTSTRAP DATA_DIR")
