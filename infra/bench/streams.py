@@ -12,8 +12,8 @@ worker --roles rules` / `--roles assembler` (subprocesses), kafka-python produce
 - latency: with the rules worker caught up, steps are published at `--rate` steps/s for
   `--duration` s; latency = the reward record's timestamp (set when the worker produced it) minus
   the step record's timestamp (set when the producer sent it); p50 / p99.
-- baseline: the same rule logic in a plain faust agent (`async for event in stream`, a faust Table
-  updated per event, one `await topic.send` per reward), run as
+- baseline: the same rule logic in a plain faust agent (`async for event in stream`, state in a
+  plain dict, one `await topic.send` per reward), run as
   `python -m infra.bench.streams baseline BOOTSTRAP DATA_DIR`, over the same published steps.
 """
 
@@ -70,7 +70,7 @@ def run(args) -> dict:
             if not args.skip_baseline:
                 base = _measure_baseline(bootstrap, scratch, args.trajectories, args.steps)
                 raw["baseline_steps_per_s"] = base
-                rows.append({"processor": "plain faust agent + table (baseline)", "steps_per_s": base})
+                rows.append({"processor": "plain faust agent, per event (baseline)", "steps_per_s": base})
                 notes.append(f"batched rules / baseline = {median(rules_rates) / base:.1f}x")
     notes.append(
         f"{args.trajectories} trajectories x {args.steps} steps per run, {repeats} repeats (median); "
@@ -187,7 +187,10 @@ def _rate_of(bootstrap: str, topic: str, expected: int, timeout_s: float = 300.0
             if n >= expected:
                 return (n - first_n) / max(now - first_t, 1e-3)
             time.sleep(0.05)
-        raise TimeoutError(f"{topic}: only {n} of {expected} outputs after {timeout_s:.0f}s")
+        log.warning(
+            "%s: only %d of %d outputs after %.0fs; rate over what arrived", topic, n, expected, timeout_s
+        )
+        return (n - (first_n or 0)) / max(time.monotonic() - (first_t or time.monotonic()), 1e-3)
     finally:
         consumer.close()
 
@@ -278,7 +281,7 @@ def _measure_baseline(bootstrap: str, scratch: Path, trajectories: int, steps: i
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(scratch / "baseline.log", "ab"))  # noqa: SIM115
     try:
         # the baseline reads agent.events from the beginning: every step published so far
-        return _rate_of(bootstrap, BASELINE_TOPIC, _steps_in_topic(bootstrap))
+        return _rate_of(bootstrap, BASELINE_TOPIC, _steps_in_topic(bootstrap), timeout_s=60.0)
     finally:
         _stop(proc)
 
@@ -297,7 +300,11 @@ def _steps_in_topic(bootstrap: str) -> int:
 
 
 def baseline_main(bootstrap: str, data_dir: str) -> None:
-    """Rule rewards the textbook faust way: one event at a time, a Table updated per event."""
+    """Rule rewards the textbook faust way: one event at a time, one `await send` per reward.
+
+    State is a plain dict (lost on restart): with a faust Table updated per event, this agent
+    crawled at a few steps/s here (faust's changelog buffer waits 0.1 s per message once full),
+    so the comparison is against the stateless form, the faster of the two."""
     import faust
     import orjson
 
@@ -320,7 +327,7 @@ def baseline_main(bootstrap: str, data_dir: str) -> None:
         topic_partitions=4,
     )
     profiles = ProfileRegistry()
-    table = app.Table("state", default=None, partitions=4)
+    table: dict[bytes, bytes] = {}  # a faust Table here ran at ~6 steps/s (changelog buffer stalls)
     source = app.topic("agent.events", key_type=bytes, value_type=bytes)
     out = app.topic(BASELINE_TOPIC, key_type=bytes, value_type=bytes)
 
@@ -337,7 +344,7 @@ def baseline_main(bootstrap: str, data_dir: str) -> None:
                 state.on_step(event)
             for reward in state.advance(event.trajectory_id, profiles):
                 await out.send(key=key, value=encode(reward))
-            table[key] = orjson.dumps(state.to_dict())
+            table[key] = orjson.dumps(state.to_dict())  # same serialisation cost as the real one
 
     faust.Worker(app, loglevel="warning", quiet=True).execute_from_commandline()
 
