@@ -7,10 +7,10 @@ bootstrap address and the ClickHouse URL and use the same clients as the embedde
 
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import dataclass
 
+from infra.stack import free_port
 from schemas.errors import AgentstreamError
 
 KAFKA_IMAGE = "apache/kafka:4.1.0"
@@ -62,7 +62,7 @@ class DockerStack:
 def start_docker_stack(name: str = "agentstream", timeout_s: float = 180.0) -> DockerStack:
     """Start Kafka (KRaft, single node) and ClickHouse on free loopback ports; wait until both answer."""
     client = docker_client()
-    kafka_port, ch_port = _free_port(), _free_port()
+    kafka_port, ch_port = free_port(), free_port()
     kafka = client.containers.run(
         KAFKA_IMAGE,
         name=f"{name}-kafka-{kafka_port}",
@@ -136,9 +136,3 @@ def _wait_http(url: str, timeout_s: float) -> None:
                     f"ClickHouse at {url} not ready after {timeout_s:.0f}s: {exc}"
                 ) from exc
             time.sleep(1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -44,6 +44,7 @@ class StackConfig:
     gateway: bool = False
     gateway_port: int = 8080
     trainer: bool = True
+    trainer_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -68,7 +69,7 @@ def components(config: StackConfig) -> list[Component]:
         out.append(Component("judge", ("worker", "--roles", "judge")))
     out.append(Component("sink", ("sink",)))
     if config.trainer:
-        out.append(Component("trainer", ("trainer",)))
+        out.append(Component("trainer", ("trainer", *config.trainer_args)))
     if config.gateway:
         out.append(
             Component(
@@ -230,6 +231,26 @@ class Supervisor:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(path)
+
+
+def embedded_config(data_dir: Path, **overrides) -> StackConfig:
+    """A self-contained embedded stack under `data_dir`: broker on a free port, chDB beside it."""
+    port = free_port()
+    defaults = {
+        "bootstrap_servers": f"127.0.0.1:{port}",
+        "clickhouse_url": f"chdb://{data_dir / 'clickhouse'}",
+        "broker_port": port,
+    }
+    return StackConfig(data_dir=data_dir, **{**defaults, **overrides})
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def read_state(data_dir: Path) -> dict | None:

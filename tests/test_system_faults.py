@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from infra.demo import sim
-from infra.stack import StackConfig, Supervisor
+from infra.demo.run import record_rollout
+from infra.stack import Supervisor, embedded_config
 from schemas import EpisodeEnded, EpisodeStarted, StepRecorded, derived_event_id, encode, utc_now
 from tests.support.processes import free_port, wait_for
 
@@ -31,12 +32,8 @@ KILL_ORDER = ("broker", "worker", "sink", "trainer", "gateway")
 class Stack:
     def __init__(self, data_dir: Path):
         self.gateway_port = free_port()
-        port = free_port()
-        self.config = StackConfig(
-            data_dir=data_dir,
-            bootstrap_servers=f"127.0.0.1:{port}",
-            clickhouse_url=f"chdb://{data_dir / 'clickhouse'}",
-            broker_port=port,
+        self.config = embedded_config(
+            data_dir,
             gateway=True,
             gateway_port=self.gateway_port,
             extra_env={"AGENTSTREAM_GATEWAY_API_KEY_HASHES": hashlib.sha256(API_KEY.encode()).hexdigest()},
@@ -115,24 +112,8 @@ class SdkLoad(threading.Thread):
             self.error = exc
 
     def _record(self, rollout: sim.Rollout, trajectory_id: str) -> None:
-        with self.recorder.episode(
-            task_id=rollout.task.task_id,
-            task=rollout.task.instruction,
-            domain=rollout.task.domain,
-            group_id=rollout.group_id,
-            trajectory_id=trajectory_id,
-        ) as episode:
-            for step in rollout.steps:
-                episode.step(
-                    thought=step.thought,
-                    tool=step.tool,
-                    params=step.params,
-                    observation=step.observation,
-                    exit_code=step.exit_code,
-                    error=step.error,
-                )
-                self.steps += 1
-            episode.end(success=rollout.success, score=rollout.score)
+        record_rollout(self.recorder, rollout, trajectory_id)
+        self.steps += len(rollout.steps)
         self.episodes += 1
 
 

@@ -11,7 +11,6 @@ the `batch.built` event listing the trajectory. All on one machine, so one clock
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -27,16 +26,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> dict:
-    from infra.stack import StackConfig, Supervisor
+    from infra.stack import Supervisor, embedded_config
 
     data_dir = Path(tempfile.mkdtemp(prefix="agentstream-e2e-"))
-    port = _free_port()
-    config = StackConfig(
-        data_dir=data_dir,
-        bootstrap_servers=f"127.0.0.1:{port}",
-        clickhouse_url=f"chdb://{data_dir / 'clickhouse'}",
-        broker_port=port,
-    )
+    config = embedded_config(data_dir)
     supervisor = Supervisor(config, on_event=lambda m: print(f"[e2e] {m}", flush=True))
     supervisor.start()
     levels, samples = [], {}
@@ -184,9 +177,3 @@ def _plot(samples: dict[str, dict[str, list[float]]], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

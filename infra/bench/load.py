@@ -39,6 +39,7 @@ def drive(spec: LoadSpec) -> dict:
 
 
 def _drive_one(job: tuple[LoadSpec, int]) -> dict:
+    from infra.demo.run import record_rollout
     from producers.recorder import AgentRecorder
 
     spec, worker = job
@@ -65,7 +66,7 @@ def _drive_one(job: tuple[LoadSpec, int]) -> dict:
                 for r in range(spec.group_size):
                     rollout = sim.play(task, policy, r + round_, group_id)
                     tid = f"{group_id}-{r}"
-                    _record(recorders[policy.model], rollout, tid, spec.label, padding)
+                    record_rollout(recorders[policy.model], rollout, tid, f"{spec.label}-", "\n" + padding)
                     trajectory_ids.append(tid)
                     steps += len(rollout.steps)
                     episodes += 1
@@ -81,28 +82,6 @@ def _drive_one(job: tuple[LoadSpec, int]) -> dict:
         "elapsed_s": time.monotonic() - start,
         "delivered": delivered,
     }
-
-
-def _record(recorder, rollout: sim.Rollout, trajectory_id: str, label: str, padding: str) -> None:
-    task = rollout.task
-    with recorder.episode(
-        task_id=f"{label}-{task.task_id}",
-        task=task.instruction,
-        domain=task.domain,
-        group_id=rollout.group_id,
-        trajectory_id=trajectory_id,
-        metadata={"load": label},
-    ) as episode:
-        for step in rollout.steps:
-            episode.step(
-                thought=step.thought,
-                tool=step.tool,
-                params=step.params,
-                observation=step.observation + "\n" + padding,
-                exit_code=step.exit_code,
-                error=step.error,
-            )
-        episode.end(success=rollout.success, score=rollout.score)
 
 
 def _pace(start: float, steps: int, rate: float) -> None:

@@ -13,16 +13,14 @@ Starts its own embedded broker and sink processes in a temporary directory and s
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-AGENTSTREAM = [sys.executable, "-m", "infra.cli"]
+from infra.bench.children import AGENTSTREAM, Child, start_broker
+
 OBSERVATION = "o" * 2048
 POLL_S = 0.05
 
@@ -33,50 +31,6 @@ def add_arguments(parser) -> None:
     add_option(parser, "--steps", type=int, default=20000, help="steps published for the throughput run")
     add_option(parser, "--rates", default="1000,10000", help="offered loads for the latency runs (steps/s)")
     add_option(parser, "--duration-s", type=float, default=5.0, help="seconds of load per offered rate")
-
-
-class Child:
-    """A child process in its own session, stopped by PID (SIGTERM, then SIGKILL)."""
-
-    def __init__(self, args: list[str], log_path: Path, ready_file: Path, timeout_s: float = 60.0):
-        self.log_path = log_path
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.popen = subprocess.Popen(
-            args, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        deadline = time.monotonic() + timeout_s
-        while not (ready_file.exists() and ready_file.read_text().strip()):
-            if self.popen.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{args[3]} did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.05)
-        self.address = ready_file.read_text().strip()
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=10)
-        self._log.close()
-
-
-def _broker(root: Path) -> Child:
-    ready = root / "broker.ready"
-    args = [
-        *AGENTSTREAM,
-        "broker",
-        "--data-dir",
-        str(root / "broker"),
-        "--port",
-        "0",
-        "--ready-file",
-        str(ready),
-    ]
-    return Child(args, root / "broker.log", ready)
 
 
 def _sink(root: Path, bootstrap: str, name: str) -> Child:
@@ -224,7 +178,7 @@ def run(args) -> dict:
     rows, raw = [], {}
     with tempfile.TemporaryDirectory(prefix="agentstream-bench-sink-") as tmp:
         root = Path(tmp)
-        broker = _broker(root)
+        broker = start_broker(root / "broker")
         try:
             repeats = max(1, min(args.repeats, 3))
             figures = [throughput_once(root, broker.address, args.steps, r) for r in range(repeats)]

@@ -4,11 +4,13 @@ latency at a sustained offered load, and a plain one-event-at-a-time faust agent
 Runs everything for real: `agentstream broker` (subprocess, fresh data directory), `agentstream
 worker --roles rules` / `--roles assembler` (subprocesses), kafka-python producers and consumers.
 
-- rules steps/s: `--trajectories` x `--steps` steps are published while the worker is stopped;
-  the worker is started and the rate is measured from its first to its last reward (so start-up and
-  recovery are excluded). Repeated `--repeats` times (at most 3) with fresh trajectories; median.
+- rules steps/s: `--trajectories` x `--steps` steps (trajectories interleaved, each in order) are
+  published while the worker is stopped; the worker is started and the rate is timed from faust's
+  "Worker ready" (start-up and table recovery excluded) to its last reward. Repeated `--repeats`
+  times (at most 3) with fresh trajectories; median.
 - assembly steps/s: the same for `--roles assembler` over those trajectories (input: started,
-  steps, ended and the rule rewards), counting trajectory.scored events times steps per trajectory.
+  steps, ended and the rule rewards, about 2.2 events per step), timed to its last
+  trajectory.scored; steps/s = trajectories/s x steps per trajectory.
 - latency: with the rules worker caught up, steps are published at `--rate` steps/s for
   `--duration` s; latency = the reward record's timestamp (set when the worker produced it) minus
   the step record's timestamp (set when the producer sent it); p50 / p99.
@@ -20,6 +22,7 @@ worker --roles rules` / `--roles assembler` (subprocesses), kafka-python produce
 from __future__ import annotations
 
 import logging
+import os
 import random
 import subprocess
 import sys
@@ -157,8 +160,10 @@ def _count(consumer, topic: str) -> int:
 
 def _worker(bootstrap: str, scratch: Path, role: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "infra.cli", "worker", "--roles", role, "--bootstrap-servers", bootstrap]
-    args += ["--data-dir", str(scratch / "worker"), "--log-level", "WARNING", "--grace-seconds", "600"]
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(scratch / f"{role}.log", "ab"))
+    args += ["--data-dir", str(scratch / "worker"), "--log-level", "INFO", "--grace-seconds", "600"]
+    log_file = open(scratch / f"{role}.log", "ab")  # noqa: SIM115 - owned by the child process
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # "Worker ready" must reach the log at once
+    return subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -170,8 +175,9 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def _rate_of(bootstrap: str, topic: str, expected: int, timeout_s: float = 300.0) -> float:
-    """Outputs/s on `topic` from the first new output until `expected` more have appeared."""
+def _rate_of(bootstrap: str, topic: str, expected: int, timeout_s: float = 300.0, ready=None) -> float:
+    """Outputs/s on `topic` until `expected` more have appeared, timed from `ready()` turning true
+    (the worker has recovered and starts consuming), else from the first new output."""
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
@@ -179,12 +185,13 @@ def _rate_of(bootstrap: str, topic: str, expected: int, timeout_s: float = 300.0
         base = _count(consumer, topic)
         deadline = time.monotonic() + timeout_s
         first_t = first_n = None
+        n = 0
         while time.monotonic() < deadline:
             n = _count(consumer, topic) - base
             now = time.monotonic()
-            if first_t is None and n > 0:
-                first_t, first_n = now, n
-            if n >= expected:
+            if first_t is None and (ready() if ready else n > 0):
+                first_t, first_n = now, (0 if ready else n)
+            if n >= expected and first_t is not None:
                 return (n - first_n) / max(now - first_t, 1e-3)
             time.sleep(0.05)
         log.warning(
@@ -196,9 +203,17 @@ def _rate_of(bootstrap: str, topic: str, expected: int, timeout_s: float = 300.0
 
 
 def _measure_worker(bootstrap: str, scratch: Path, role: str, topic: str, expected: int) -> float:
+    log_path = scratch / f"{role}.log"
+    offset = log_path.stat().st_size if log_path.exists() else 0
     proc = _worker(bootstrap, scratch, role)
+
+    def ready() -> bool:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            return b"Worker ready" in f.read()
+
     try:
-        return _rate_of(bootstrap, topic, expected)
+        return _rate_of(bootstrap, topic, expected, ready=ready)
     finally:
         _stop(proc)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from infra.demo import sim
 
 
 def demo_command(args) -> int:
-    from infra.stack import StackConfig, Supervisor
+    from infra.stack import Supervisor, embedded_config
     from schemas.settings import Settings
 
     started = time.monotonic()
@@ -25,13 +24,9 @@ def demo_command(args) -> int:
     data_dir = (Path(settings.data_dir) / "demo").resolve()
     if data_dir.exists() and not args.keep:
         shutil.rmtree(data_dir)
-    port = _free_port()
-    config = StackConfig(
-        data_dir=data_dir,
-        bootstrap_servers=f"127.0.0.1:{port}",
-        clickhouse_url=f"chdb://{data_dir / 'clickhouse'}",
-        broker_port=port,
-    )
+    # The demo's GRPO groups are `group_size` rollouts of one task; the trainer flushes every 2 s.
+    trainer_args = ("--group-size", str(args.group_size), "--flush-interval-s", "2")
+    config = embedded_config(data_dir, trainer_args=trainer_args)
     supervisor = Supervisor(config, on_event=lambda message: print(f"[demo] {message}", flush=True))
     print(
         f"[demo] starting the embedded stack in {data_dir} (broker on {config.bootstrap_servers})", flush=True
@@ -61,8 +56,9 @@ def plan(episodes: int, group_size: int) -> list[sim.Rollout]:
 
 
 def run_agents(rollouts: list[sim.Rollout], bootstrap: str, data_dir: Path) -> None:
-    from producers.recorder import AgentRecorder
     from tqdm import tqdm
+
+    from producers.recorder import AgentRecorder
 
     recorders = {
         p.model: AgentRecorder(
@@ -79,12 +75,20 @@ def run_agents(rollouts: list[sim.Rollout], bootstrap: str, data_dir: Path) -> N
 
 
 def _record(recorder, rollout: sim.Rollout) -> None:
+    record_rollout(recorder, rollout)
+
+
+def record_rollout(
+    recorder, rollout: sim.Rollout, trajectory_id: str | None = None, task_prefix: str = "", padding: str = ""
+) -> None:
+    """Record one simulated rollout through the SDK (`padding` is appended to every observation)."""
     task = rollout.task
     with recorder.episode(
-        task_id=task.task_id,
+        task_id=task_prefix + task.task_id,
         task=task.instruction,
         domain=task.domain,
         group_id=rollout.group_id,
+        trajectory_id=trajectory_id,
         reference_steps=task.reference_steps,
     ) as episode:
         for step in rollout.steps:
@@ -92,7 +96,7 @@ def _record(recorder, rollout: sim.Rollout) -> None:
                 thought=step.thought,
                 tool=step.tool,
                 params=step.params,
-                observation=step.observation,
+                observation=step.observation + padding,
                 exit_code=step.exit_code,
                 error=step.error,
             )
@@ -119,6 +123,30 @@ def wait_for_pipeline(config, expected: int, supervisor, timeout_s: float = 90.0
             time.sleep(0.5)
     if done < expected:
         print(f"[demo] warning: only {done}/{expected} trajectories visible after {timeout_s:.0f}s")
+    _wait_for_batches(config, supervisor)
+
+
+def _wait_for_batches(config, supervisor, settle_s: float = 4.0, timeout_s: float = 40.0) -> None:
+    """The trainer flushes ready trajectories every few seconds: wait until its batches stop changing."""
+    print("[demo] waiting for the trainer to flush its batches...", flush=True)
+    deadline = time.monotonic() + timeout_s
+    last, stable_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        supervisor.poll()
+        count = _scalar(config, "SELECT count() FROM agentstream.batches FINAL")
+        if count != last:
+            last, stable_since = count, time.monotonic()
+        elif count > 0 and time.monotonic() - stable_since >= settle_s:
+            return
+        time.sleep(0.5)
+
+
+def _scalar(config, sql: str) -> int:
+    try:
+        rows = _query(config, sql)
+    except Exception:  # the table may not exist yet
+        return 0
+    return int(rows[0][0]) if rows else 0
 
 
 def _count_trajectories(config) -> int:
@@ -132,7 +160,7 @@ def _count_trajectories(config) -> int:
 def _query(config, sql: str) -> list[tuple]:
     from infra.clickhouse.client import connect
 
-    client = connect(config.clickhouse_url, data_dir=config.data_dir)
+    client = connect(config.clickhouse_url, wait_s=30)
     try:
         return list(client.query(sql).result_rows)
     finally:
@@ -154,21 +182,27 @@ def print_results(config, data_dir: Path) -> None:
     print(format_table([{"step": r[0], "mean rule reward": r[1], "steps": r[2]} for r in rows]))
     dlq = _query(config, "SELECT count() FROM agentstream.dead_letters FINAL")[0][0]
     print(f"\n== Dead letters: {dlq} ==")
-    batches = (
-        sorted((data_dir / "batches").glob("*/*.manifest.json")) if (data_dir / "batches").exists() else []
-    )
-    print(f"\n== Training batches built: {len(batches)} ==")
-    kinds: dict[str, int] = {}
-    for manifest in batches:
-        kinds[manifest.parent.name] = kinds.get(manifest.parent.name, 0) + 1
-    print(format_table([{"kind": k, "batches": n} for k, n in sorted(kinds.items())]))
+    print_batches(data_dir / "batches")
+
+
+def print_batches(root: Path) -> None:
+    """Training batches per kind, from the manifests the trainer wrote."""
+    import json
+
+    from infra.bench.report import format_table
+
+    kinds: dict[str, dict] = {}
+    for manifest in sorted(root.glob("*/*.manifest.json")) if root.exists() else []:
+        data = json.loads(manifest.read_text())
+        entry = kinds.setdefault(
+            data["kind"], {"kind": data["kind"], "batches": 0, "rows": 0, "trajectories": 0}
+        )
+        entry["batches"] += 1
+        entry["rows"] += int(data.get("row_count", 0))
+        entry["trajectories"] += len(data.get("trajectory_ids", []))
+    print(f"\n== Training batches built: {sum(k['batches'] for k in kinds.values())} (under {root}) ==")
+    print(format_table([kinds[k] for k in sorted(kinds)]))
 
 
 def _query_fn(config):
     return lambda sql: _query(config, sql)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
