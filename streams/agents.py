@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from schemas.codec import encode, encode_key
 from schemas.events import EventBase
@@ -19,9 +20,60 @@ from schemas.topics import topic_for
 from streams.app import WorkerConfig
 from streams.dlq import send_dead_letters
 from streams.processors import BatchResult, Record, RuleRewarder, TrajectoryAssembler
+from streams.produce import send_all
 from streams.rules.profiles import ProfileRegistry
 
 log = logging.getLogger(__name__)
+
+
+class BatchStats:
+    """Per-processor counters, logged every `every_s` seconds (events, batches, time per phase)."""
+
+    def __init__(self, name: str, every_s: float = 10.0):
+        self.name, self.every_s = name, every_s
+        self.started = False
+        self.reset(time.monotonic())
+
+    def reset(self, now: float) -> None:
+        self.since, self.events, self.batches, self.outputs, self.busy_process, self.busy_send = (
+            now,
+            0,
+            0,
+            0,
+            0.0,
+            0.0,
+        )
+
+    def add(self, events: int, outputs: int, process_s: float, send_s: float) -> None:
+        self.events += events
+        self.batches += 1
+        self.outputs += outputs
+        self.busy_process += process_s
+        self.busy_send += send_s
+        now = time.monotonic()
+        if now - self.since >= self.every_s:
+            log.info(
+                "%s: %d events in %d batches (%.0f/s), %d outputs; busy %.1fs processing, %.1fs sending",
+                self.name,
+                self.events,
+                self.batches,
+                self.events / (now - self.since),
+                self.outputs,
+                self.busy_process,
+                self.busy_send,
+            )
+            self.reset(now)
+
+
+async def run_batch(app, table, processor, events, stats: BatchStats) -> None:
+    if not stats.started:
+        stats.started = True
+        log.info("%s: first batch: %d events", processor.name, len(events))
+    t0 = time.perf_counter()
+    result = processor.process(_records(events), table.get)
+    t1 = time.perf_counter()
+    await apply_result(app, table, processor.name, result)
+    stats.add(len(events), len(result.outputs), t1 - t0, time.perf_counter() - t1)
 
 
 def _state_table(app, name: str, partitions: int):
@@ -52,14 +104,7 @@ def _records(events) -> list[Record]:
 
 async def send_events(app, events: list[EventBase]) -> None:
     """Send events to their topics (keyed by trajectory id) and wait until all are acknowledged."""
-    await _send_all(app, [(topic_for(e.type), encode_key(e), encode(e)) for e in events])
-
-
-async def _send_all(app, messages: list[tuple[str, bytes, bytes]]) -> None:
-    producer = app.producer
-    futures = [await producer.send(topic, key, value, None, None, None) for topic, key, value in messages]
-    if futures:
-        await asyncio.gather(*futures)
+    await send_all(app, [(topic_for(e.type), encode_key(e), encode(e)) for e in events])
 
 
 async def apply_result(app, table, stage: str, result: BatchResult) -> None:
@@ -72,7 +117,7 @@ async def apply_result(app, table, stage: str, result: BatchResult) -> None:
     await send_dead_letters(app, stage, result.dead)
     if result.updates:
         changelog = table.changelog_topic.get_topic_name()
-        await _send_all(app, [(changelog, key, value) for key, value in result.updates.items()])
+        await send_all(app, [(changelog, key, value) for key, value in result.updates.items()])
         for key, value in result.updates.items():
             table.data[key] = value
 
@@ -81,13 +126,16 @@ def register_rules(app, config: WorkerConfig) -> None:
     profiles = ProfileRegistry.from_file(config.profiles_path)
     processor = RuleRewarder(profiles, config.reward_version)
     table = _state_table(app, processor.name, config.partitions)
+    stats = BatchStats(processor.name)
 
     @app.agent(_source(app, processor), name=processor.name)
     async def rules(stream):
         async for events in stream.take_events(config.batch_max, within=config.batch_within_s):
-            result = processor.process(_records(events), table.get)
-            await apply_result(app, table, processor.name, result)
-            log.debug("%s: batch of %d -> %d rewards", processor.name, len(events), len(result.outputs))
+            try:
+                await run_batch(app, table, processor, events, stats)
+            except BaseException:
+                processor.cache.clear()  # the table is the truth; the cache may be ahead of it
+                raise
 
 
 def register_assembler(app, config: WorkerConfig) -> None:
@@ -95,6 +143,7 @@ def register_assembler(app, config: WorkerConfig) -> None:
     processor = TrajectoryAssembler(profiles, config.grace_seconds, judge_mode=judge_mode_function(config))
     table = _state_table(app, processor.name, config.partitions)
     lock = asyncio.Lock()
+    stats = BatchStats(processor.name)
     restored = {"done": False}
 
     @app.agent(_source(app, processor), name=processor.name)
@@ -102,8 +151,7 @@ def register_assembler(app, config: WorkerConfig) -> None:
         async for events in stream.take_events(config.batch_max, within=config.batch_within_s):
             async with lock:
                 _track_restored(processor, table, restored)
-                result = processor.process(_records(events), table.get)
-                await apply_result(app, table, processor.name, result)
+                await run_batch(app, table, processor, events, stats)
 
     @app.timer(config.timer_interval_s, name=f"{processor.name}-grace")
     async def grace():

@@ -48,8 +48,8 @@ class WorkerConfig:
     profiles_path: Path | None = None
     judge_rules_path: Path | None = None
     grace_seconds: float = 120.0
-    batch_max: int = 2000
-    batch_within_s: float = 0.05
+    batch_max: int = 10_000
+    batch_within_s: float = 0.1
     timer_interval_s: float = 1.0
     session_timeout_s: float = 10.0  # a killed worker's partitions move on after this long
     partitions: int = TOPICS[AGENT_EVENTS].partitions  # of the source topics = of the state tables
@@ -99,6 +99,8 @@ def create_app(config: WorkerConfig, role: str):
         topic_replication_factor=1,
         topic_partitions=config.partitions,
         producer_acks=-1,
+        producer_max_batch_size=512 * 1024,
+        producer_linger=0.005,
         broker_commit_interval=1.0,
         broker_session_timeout=config.session_timeout_s,
         broker_heartbeat_interval=max(0.5, config.session_timeout_s / 5),

@@ -36,6 +36,6 @@ def register(sub) -> None:
         default=120.0,
         help="assembler: emit an incomplete trajectory after this long without new input",
     )
-    add_option(parser, "--batch-max", type=int, default=2000, help="events taken from the stream per batch")
-    add_option(parser, "--batch-within", type=float, default=0.05, help="seconds to wait to fill a batch")
+    add_option(parser, "--batch-max", type=int, default=10_000, help="events taken from the stream per batch")
+    add_option(parser, "--batch-within", type=float, default=0.1, help="seconds to wait to fill a batch")
     add_option(parser, "--reward-version", default="rules-1", help="version stamped on rule rewards")

@@ -7,19 +7,18 @@ module only sends them and logs one line per letter with the stage and the sourc
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from schemas.codec import encode, encode_key
 from schemas.events import DeadLetter
 from schemas.topics import DLQ
+from streams.produce import send_all
 
 log = logging.getLogger(__name__)
 
 
 async def send_dead_letters(app, stage: str, letters: list[DeadLetter]) -> None:
     """Send `letters` to the DLQ topic and wait until the broker acknowledged them."""
-    futures = []
     for letter in letters:
         log.warning(
             "%s: to %s: %s (source %s[%s]@%s, trajectory %s)",
@@ -31,6 +30,4 @@ async def send_dead_letters(app, stage: str, letters: list[DeadLetter]) -> None:
             letter.source_offset,
             letter.trajectory_id,
         )
-        futures.append(await app.producer.send(DLQ, encode_key(letter), encode(letter), None, None, None))
-    if futures:
-        await asyncio.gather(*futures)
+    await send_all(app, [(DLQ, encode_key(letter), encode(letter)) for letter in letters])

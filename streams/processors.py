@@ -105,16 +105,31 @@ class RuleRewarder:
     sources = (topics.AGENT_EVENTS,)
     accepted = {topics.AGENT_EVENTS: {"episode.started", "step.recorded", "episode.ended"}}
 
-    def __init__(self, profiles: ProfileRegistry, reward_version: str = REWARD_VERSION):
+    def __init__(
+        self, profiles: ProfileRegistry, reward_version: str = REWARD_VERSION, cache_size: int = 100_000
+    ):
         self.profiles = profiles
         self.reward_version = reward_version
+        # Decoded states of recently seen trajectories: the table holds the same as bytes. The shell
+        # clears it when a batch fails, so it never runs ahead of the table.
+        self.cache: dict[bytes, TrajectoryRules] = {}
+        self.cache_size = cache_size
+
+    def _state(self, key: bytes, get_state: StateGetter) -> TrajectoryRules:
+        state = self.cache.pop(key, None)
+        if state is None:
+            raw = get_state(key)
+            state = TrajectoryRules.from_dict(orjson.loads(raw)) if raw else TrajectoryRules()
+        self.cache[key] = state  # re-inserted: the dict's order is least recently used first
+        if len(self.cache) > self.cache_size:
+            del self.cache[next(iter(self.cache))]
+        return state
 
     def process(self, records: list[Record], get_state: StateGetter) -> BatchResult:
         result = BatchResult()
         for tid, items in _group(decode_records(self.name, records, self.accepted, result)).items():
             key = tid.encode()
-            raw = get_state(key)
-            state = TrajectoryRules.from_dict(orjson.loads(raw)) if raw else TrajectoryRules()
+            state = self._state(key, get_state)
             changed = self._fold(state, items, result)
             result.outputs += state.advance(tid, self.profiles, self.reward_version)
             changed = changed or bool(result.outputs)

@@ -5,9 +5,9 @@ Runs everything for real: `agentstream broker` (subprocess, fresh data directory
 worker --roles rules` / `--roles assembler` (subprocesses), kafka-python producers and consumers.
 
 - rules steps/s: `--trajectories` x `--steps` steps (trajectories interleaved, each in order) are
-  published while the worker is stopped; the worker is started and the rate is timed from faust's
-  "Worker ready" (start-up and table recovery excluded) to its last reward. Repeated `--repeats`
-  times (at most 3) with fresh trajectories; median.
+  published while the worker is stopped; the worker is started and the rate is timed from the
+  worker's "first batch" log line (start-up and table recovery excluded) to its last reward.
+  Repeated `--repeats` times (at most 3) with fresh trajectories; median.
 - assembly steps/s: the same for `--roles assembler` over those trajectories (input: started,
   steps, ended and the rule rewards, about 2.2 events per step), timed to its last
   trajectory.scored; steps/s = trajectories/s x steps per trajectory.
@@ -162,7 +162,7 @@ def _worker(bootstrap: str, scratch: Path, role: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "infra.cli", "worker", "--roles", role, "--bootstrap-servers", bootstrap]
     args += ["--data-dir", str(scratch / "worker"), "--log-level", "INFO", "--grace-seconds", "600"]
     log_file = open(scratch / f"{role}.log", "ab")  # noqa: SIM115 - owned by the child process
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # "Worker ready" must reach the log at once
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # "first batch" must reach the log at once
     return subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env)
 
 
@@ -177,7 +177,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _rate_of(bootstrap: str, topic: str, expected: int, timeout_s: float = 300.0, ready=None) -> float:
     """Outputs/s on `topic` until `expected` more have appeared, timed from `ready()` turning true
-    (the worker has recovered and starts consuming), else from the first new output."""
+    (the worker starts its first batch), else from the first new output."""
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
@@ -210,7 +210,7 @@ def _measure_worker(bootstrap: str, scratch: Path, role: str, topic: str, expect
     def ready() -> bool:
         with open(log_path, "rb") as f:
             f.seek(offset)
-            return b"Worker ready" in f.read()
+            return b": first batch:" in f.read()
 
     try:
         return _rate_of(bootstrap, topic, expected, ready=ready)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from schemas.events import EpisodeStarted, RuleRewardStep, StepRecorded
+from schemas.events import SCHEMA_VERSION, EpisodeStarted, RuleRewardStep, StepRecorded
 from schemas.ids import derived_event_id
 from streams.rules.profiles import ProfileRegistry
 from streams.rules.rewards import REWARD_VERSION, RuleState, StepInput
@@ -89,7 +89,9 @@ class TrajectoryRules:
         self, trajectory_id: str, index: int, stored: list, version: str = REWARD_VERSION
     ) -> RuleRewardStep:
         source_id, at, red, reg, info, score = stored
-        return RuleRewardStep(
+        # model_construct: every value here was computed or validated already (hot path)
+        return RuleRewardStep.model_construct(
+            schema_version=SCHEMA_VERSION,
             event_id=derived_event_id("reward.rule.step", source_id, version),
             trajectory_id=trajectory_id,
             occurred_at=datetime.fromisoformat(at),
