@@ -39,6 +39,7 @@ from streams.rules.stream import TrajectoryRules
 log = logging.getLogger(__name__)
 
 CALIBRATION_TYPE = "calibration.updated"
+CALIBRATION_KEY_PREFIX = b"calibration:"
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ class TrajectoryAssembler:
         self.clock = clock
         self.started_at = clock()
         self.open: dict[bytes, float] = {}  # trajectories that may still emit -> last change
+        self.calibration_at: dict[tuple[str, str], str] = {}
 
     def process(self, records: list[Record], get_state: StateGetter) -> BatchResult:
         result = BatchResult()
@@ -243,9 +245,12 @@ class TrajectoryAssembler:
         return result
 
     def track_restored(self, items) -> int:
-        """After recovery: remember the restored trajectories that may still emit."""
+        """After recovery: reload calibration maps and remember the trajectories that may still emit."""
         count = 0
         for key, raw in items:
+            if key.startswith(CALIBRATION_KEY_PREFIX):
+                self._restore_calibration(raw)
+                continue
             state = self._load(raw)
             if state.missing():
                 self.open[key] = state.last_change
@@ -253,6 +258,8 @@ class TrajectoryAssembler:
         return count
 
     def _calibration(self, rec: Record, event: Any, result: BatchResult) -> None:
+        """Newest map per (domain, rubric) by `occurred_at`; stored in the table (key = the event's
+        `calibration:<domain>:<rubric>` trajectory id) so a restarted worker keeps applying it."""
         try:
             from streams.judge.calibration import CalibrationMap
 
@@ -260,5 +267,19 @@ class TrajectoryAssembler:
         except Exception as exc:  # a bad map is poison input, not a crash
             result.dead.append(_dead(self.name, rec, f"calibration map unusable: {exc}", type(exc).__name__))
             return
+        at = event.occurred_at.isoformat()
+        if at < self.calibration_at.get((cmap.domain, cmap.rubric), ""):
+            return  # an older map arriving late (replay): keep the newer one
+        self.calibration_at[(cmap.domain, cmap.rubric)] = at
         self.calibrations.update(cmap.domain, cmap.rubric, cmap)
+        key = CALIBRATION_KEY_PREFIX + f"{cmap.domain}:{cmap.rubric}".encode()
+        result.updates[key] = orjson.dumps({"at": at, "map": cmap.model_dump(mode="json")})
         log.info("%s: calibration %s for (%s, %s)", self.name, cmap.version, cmap.domain, cmap.rubric)
+
+    def _restore_calibration(self, raw: bytes) -> None:
+        from streams.judge.calibration import CalibrationMap
+
+        stored = orjson.loads(raw)
+        cmap = CalibrationMap.model_validate(stored["map"])
+        self.calibration_at[(cmap.domain, cmap.rubric)] = stored["at"]
+        self.calibrations.update(cmap.domain, cmap.rubric, cmap)

@@ -10,7 +10,7 @@ from schemas.codec import encode
 from streams.app import WorkerConfig, WorkerConfigError
 from streams.processors import Record, RuleRewarder, TrajectoryAssembler
 from streams.rules.profiles import ProfileRegistry
-from tests.test_streams_assembler import trajectory
+from tests.test_streams_assembler import T0, trajectory
 
 
 def records(events, topic=topics.AGENT_EVENTS, start=0):
@@ -79,3 +79,47 @@ def test_assembler_expires_after_grace_and_tracks_restored_trajectories():
 def test_worker_config_names_the_bad_option(kwargs, needle):
     with pytest.raises(WorkerConfigError, match=needle):
         WorkerConfig(bootstrap_servers="x:1", **kwargs)
+
+
+def test_calibration_events_are_applied_and_survive_a_restart():
+    from schemas.events import CalibrationUpdated, JudgeStep
+
+    cal = CalibrationUpdated(
+        event_id="c1",
+        trajectory_id="calibration:coding:overall",
+        occurred_at=T0,
+        producer="calibrate",
+        version="iso-1",
+        domain="coding",
+        rubric="overall",
+        xs=[0.0, 1.0],
+        ys=[0.0, 0.5],
+    )
+    store = {}
+    first = TrajectoryAssembler(ProfileRegistry(), grace_s=30, judge_mode=lambda s: "step")
+    store.update(first.process(records([cal], topics.FEEDBACK_HUMAN), store.get).updates)
+    restarted = TrajectoryAssembler(ProfileRegistry(), grace_s=30, judge_mode=lambda s: "step")
+    restarted.track_restored(list(store.items()))
+    started, steps, ended, rewards = trajectory()
+    judged = [
+        JudgeStep(
+            event_id=f"j{i}",
+            trajectory_id="t",
+            occurred_at=T0,
+            producer="judge",
+            judge_model="m",
+            prompt_version="p",
+            step_index=i,
+            score=0.8,
+        )
+        for i in range(len(steps))
+    ]
+    result = restarted.process(
+        records([started, *steps, ended])
+        + records(rewards, topics.REWARD_RULE)
+        + records(judged, topics.REWARD_JUDGE),
+        store.get,
+    )
+    (scored,) = result.outputs
+    assert scored.complete and scored.calibration_version == "iso-1"
+    assert {s.judge_score for s in scored.steps} == {0.4}
