@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 BASELINE_TOPIC = "bench.baseline.rewards"
 BASELINE_APP = "agentstream-bench-baseline"
+SESSION_WAIT_S = 11.0
 
 
 def add_arguments(parser) -> None:
@@ -173,6 +174,10 @@ def _stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=10)
+    # Let the stopped member's 10 s session expire before the next worker joins its group: the
+    # embedded broker answers a member joining a stable group from the stable state (no rebalance),
+    # which leaves the newcomer without partitions (reported to the broker owners).
+    time.sleep(SESSION_WAIT_S)
 
 
 def _rate_of(bootstrap: str, topic: str, expected: int, timeout_s: float = 300.0, ready=None) -> float:
