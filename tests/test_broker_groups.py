@@ -156,3 +156,33 @@ def test_a_new_member_joining_a_stable_group_triggers_a_rebalance():
         )
 
     run(scenario())
+
+
+def test_stable_membership_survives_a_coordinator_restart():
+    """Like Kafka's __consumer_offsets: after a broker restart, members keep heartbeating with their
+    generation and get their assignment back, instead of the whole group rebalancing."""
+
+    async def scenario():
+        coordinator = GroupCoordinator(FAST)
+        saves = []
+        coordinator.on_membership_change = lambda: saves.append(coordinator.snapshot())
+        one, two = await known_member(coordinator), await known_member(coordinator)
+        joined = await asyncio.gather(
+            coordinator.join(join_request(one)), coordinator.join(join_request(two))
+        )
+        leader = next(j for j in joined if j.members)
+        follower = next(j for j in joined if not j.members)
+        waiting = asyncio.ensure_future(coordinator.sync("g", 1, follower.member_id, {}))
+        await asyncio.sleep(0)
+        await coordinator.sync("g", 1, leader.member_id, {one: b"p0", two: b"p1"})
+        await waiting
+        assert saves, "a stable group is persisted"
+
+        restarted = GroupCoordinator(FAST)
+        assert restarted.restore(saves[-1]) == 1
+        group = restarted.groups["g"]
+        assert group.state is GroupState.STABLE and group.generation == 1
+        assert restarted.heartbeat("g", 1, one) == ErrorCode.NONE
+        assert (await restarted.sync("g", 1, two, {})).assignment == b"p1"
+
+    run(scenario())

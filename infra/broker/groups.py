@@ -124,6 +124,27 @@ class GroupCoordinator:
         self.config = config or CoordinatorConfig()
         self.groups: dict[str, Group] = {}
         self._reaper: asyncio.Task | None = None
+        # Called when a group becomes stable or empty, so the broker can persist `snapshot()`.
+        self.on_membership_change = None
+
+    # -- durable membership ----------------------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        """The stable groups (generation, leader, members and their assignments) as plain JSON data.
+
+        Kafka keeps this in `__consumer_offsets`; restoring it after a broker restart lets consumers
+        carry on heartbeating with their generation instead of all rebalancing at once."""
+        return {gid: _group_record(g) for gid, g in self.groups.items() if g.state is GroupState.STABLE}
+
+    def restore(self, snapshot: dict) -> int:
+        """Load `snapshot()` data; members get a fresh session (dead ones expire as usual)."""
+        for gid, record in snapshot.items():
+            self.groups[gid] = _group_from_record(gid, record)
+        return len(snapshot)
+
+    def _membership_changed(self) -> None:
+        if self.on_membership_change is not None:
+            self.on_membership_change()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -302,6 +323,7 @@ class GroupCoordinator:
         group.leader_id = None
         group.protocol_name = None
         log.info("group %s: empty at generation %d", group.group_id, group.generation)
+        self._membership_changed()
 
     def _remove_members(self, group: Group, member_ids: list[str], reason: str) -> None:
         for member_id in member_ids:
@@ -346,6 +368,7 @@ class GroupCoordinator:
             if member.sync_future is not None and not member.sync_future.done():
                 member.sync_future.set_result(self._sync_result(group, member))
         log.info("group %s: stable at generation %d", group.group_id, group.generation)
+        self._membership_changed()
 
     def _sync_result(self, group: Group, member: Member) -> SyncResult:
         member.last_heartbeat = time.monotonic()
@@ -425,3 +448,58 @@ class GroupCoordinator:
 
     def describe(self, group_id: str) -> Group | None:
         return self.groups.get(group_id)
+
+
+def _group_record(group: Group) -> dict:
+    import base64
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode("ascii")
+
+    return {
+        "generation": group.generation,
+        "protocol_type": group.protocol_type,
+        "protocol_name": group.protocol_name,
+        "leader_id": group.leader_id,
+        "members": [
+            {
+                "member_id": m.member_id,
+                "client_id": m.client_id,
+                "client_host": m.client_host,
+                "group_instance_id": m.group_instance_id,
+                "protocol_type": m.protocol_type,
+                "protocols": [[name, b64(meta)] for name, meta in m.protocols],
+                "session_timeout_ms": m.session_timeout_ms,
+                "rebalance_timeout_ms": m.rebalance_timeout_ms,
+                "assignment": b64(m.assignment),
+            }
+            for m in group.members.values()
+        ],
+    }
+
+
+def _group_from_record(group_id: str, record: dict) -> Group:
+    import base64
+
+    members = {}
+    for m in record["members"]:
+        members[m["member_id"]] = Member(
+            member_id=m["member_id"],
+            client_id=m["client_id"],
+            client_host=m["client_host"],
+            group_instance_id=m["group_instance_id"],
+            protocol_type=m["protocol_type"],
+            protocols=[(name, base64.b64decode(meta)) for name, meta in m["protocols"]],
+            session_timeout_ms=m["session_timeout_ms"],
+            rebalance_timeout_ms=m["rebalance_timeout_ms"],
+            assignment=base64.b64decode(m["assignment"]),
+        )
+    return Group(
+        group_id,
+        state=GroupState.STABLE,
+        generation=record["generation"],
+        protocol_type=record["protocol_type"],
+        protocol_name=record["protocol_name"],
+        leader_id=record["leader_id"],
+        members=members,
+    )

@@ -8,6 +8,7 @@ append notification that wakes long-polling fetches. It does no network I/O.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 from infra.broker.durability import GroupCommit
 from infra.broker.groups import CoordinatorConfig, GroupCoordinator
 from infra.broker.protocol import LEAN_PROFILE
+
+GROUPS_FILE = "groups.json"
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +67,36 @@ class BrokerState:
         self.config = config
         self.store = store
         self.groups = GroupCoordinator(config.coordinator)
+        self._restore_groups()
+        self.groups.on_membership_change = self._save_groups
         self.appended = AppendSignal()
         self.commit = GroupCommit()
         self.node_id = NODE_ID
         self.cluster_id = CLUSTER_ID
         self.advertised_host = config.host
         self.advertised_port = config.port
+
+    def _groups_path(self) -> Path:
+        return Path(self.store.data_dir) / GROUPS_FILE
+
+    def _restore_groups(self) -> None:
+        path = self._groups_path()
+        try:
+            snapshot = json.loads(path.read_text())
+        except FileNotFoundError:
+            return
+        except ValueError:
+            log.warning("%s: unreadable group membership, groups will rebalance", path)
+            return
+        count = self.groups.restore(snapshot)
+        log.info("restored %d stable consumer groups from %s", count, path)
+
+    def _save_groups(self) -> None:
+        """Persist stable group membership (rare: once per completed rebalance or emptied group)."""
+        from infra.broker.segment import write_file_atomic
+
+        data = json.dumps(self.groups.snapshot()).encode()
+        write_file_atomic(self._groups_path(), data, sync=True)
 
     @property
     def acks_wait_for_fsync(self) -> bool:
