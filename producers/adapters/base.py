@@ -404,3 +404,19 @@ def _step_times(draft: EpisodeDraft, mtime: datetime) -> tuple[list[datetime], s
 
 def count_steps(events: Iterable[EventBase]) -> int:
     return sum(1 for e in events if e.type == "step.recorded")
+
+
+def chat_episodes(doc, is_message, is_record) -> list[tuple[str, dict, str]]:
+    """(key, record with `messages`, where) per episode of a chat-transcript file: one record, a bare
+    list of messages, or a list / JSON Lines of records; [] when the file is not such a transcript.
+    Shared by the OpenAI and Anthropic transcript adapters, which differ only in the predicates."""
+    items = doc.items
+    if doc.kind == "json" and isinstance(doc.value, dict):
+        return [("0", doc.value, "$")] if is_record(doc.value) else []
+    if items and all(is_message(m) for m in items):
+        return [("0", {"messages": items}, "$")]
+    if items and all(is_record(r) for r in items):
+        lines = doc.lines if doc.kind == "jsonl" else range(len(items))
+        label = "line" if doc.kind == "jsonl" else "item"
+        return [(str(i), r, f"{label} {n}") for i, (r, n) in enumerate(zip(items, lines, strict=True))]
+    return []

@@ -31,6 +31,7 @@ from producers.adapters.base import (
     EpisodeDraft,
     Rejection,
     StepDraft,
+    chat_episodes,
     json_args,
     non_negative,
     parse_timestamp,
@@ -76,17 +77,7 @@ def _is_record(value: Any) -> bool:
 
 
 def _episodes(doc: Document) -> list[tuple[str, dict, str]]:
-    """(key, record with `messages`, where) per episode; [] when the file is not this format."""
-    items = doc.items
-    if doc.kind == "json" and isinstance(doc.value, dict):
-        return [("0", doc.value, "$")] if _is_record(doc.value) else []
-    if items and all(_is_message(m) for m in items):
-        return [("0", {"messages": items}, "$")]
-    if items and all(_is_record(r) for r in items):
-        lines = doc.lines if doc.kind == "jsonl" else range(len(items))
-        label = "line" if doc.kind == "jsonl" else "item"
-        return [(str(i), r, f"{label} {n}") for i, (r, n) in enumerate(zip(items, lines, strict=True))]
-    return []
+    return chat_episodes(doc, _is_message, _is_record)
 
 
 def parse(doc: Document) -> Iterator[EpisodeDraft | Rejection]:
