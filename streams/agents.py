@@ -20,6 +20,7 @@ from schemas.events import EventBase
 from schemas.topics import topic_for
 from streams.app import WorkerConfig
 from streams.dlq import send_dead_letters
+from streams.offsets import OffsetContinuity, OffsetGap
 from streams.processors import BatchResult, Record, RuleRewarder, TrajectoryAssembler
 from streams.produce import send_all
 from streams.rules.profiles import ProfileRegistry
@@ -66,15 +67,43 @@ class BatchStats:
             self.reset(now)
 
 
-async def run_batch(app, table, processor, events, stats: BatchStats) -> None:
+async def run_batch(app, table, processor, events, stats: BatchStats, continuity: OffsetContinuity) -> None:
     if not stats.started:
         stats.started = True
         log.info("%s: first batch: %d events", processor.name, len(events))
+    await check_continuity(app, processor.name, events, continuity)
     t0 = time.perf_counter()
     result = processor.process(_records(events), table.get)
     t1 = time.perf_counter()
     await apply_result(app, table, processor.name, result)
     stats.add(len(events), len(result.outputs), t1 - t0, time.perf_counter() - t1)
+
+
+async def check_continuity(app, name: str, events, continuity: OffsetContinuity) -> None:
+    """Exit before acking a batch that follows offsets this worker never received.
+
+    A gap is accepted only when retention deleted those offsets (the log now starts after them)."""
+    committed = app.consumer._committed_offset  # faust's view of the group's committed offsets
+    gaps = continuity.check(
+        ((e.message.generation_id, e.message.topic, e.message.partition, e.message.offset) for e in events),
+        lambda topic, partition: committed.get((topic, partition)),
+    )
+    for gap in gaps:
+        if not await _deleted_by_retention(app, gap):
+            exit_without_committing(name, RuntimeError(f"never received {gap.describe()}"))
+        log.warning("%s: %s were deleted by retention before they were processed", name, gap.describe())
+
+
+async def _deleted_by_retention(app, gap: OffsetGap) -> bool:
+    from faust.types import TP
+
+    tp = TP(gap.topic, gap.partition)
+    try:
+        earliest = (await app.consumer.earliest_offsets(tp)).get(tp)
+    except Exception as exc:  # the broker is unreachable: do not guess
+        log.warning("could not read the log start of %s[%d]: %r", gap.topic, gap.partition, exc)
+        return False
+    return earliest is not None and earliest >= gap.got
 
 
 def _state_table(app, name: str, partitions: int):
@@ -127,13 +156,13 @@ def register_rules(app, config: WorkerConfig) -> None:
     profiles = ProfileRegistry.from_file(config.profiles_path)
     processor = RuleRewarder(profiles, config.reward_version)
     table = _state_table(app, processor.name, config.partitions)
-    stats = BatchStats(processor.name)
+    stats, continuity = BatchStats(processor.name), OffsetContinuity()
 
     @app.agent(_source(app, processor), name=processor.name)
     async def rules(stream):
         async for events in stream.take_events(config.batch_max, within=config.batch_within_s):
             try:
-                await run_batch(app, table, processor, events, stats)
+                await run_batch(app, table, processor, events, stats, continuity)
             except BaseException as exc:
                 exit_without_committing(processor.name, exc)
 
@@ -143,7 +172,7 @@ def register_assembler(app, config: WorkerConfig) -> None:
     processor = TrajectoryAssembler(profiles, config.grace_seconds, judge_mode=judge_mode_function(config))
     table = _state_table(app, processor.name, config.partitions)
     lock = asyncio.Lock()
-    stats = BatchStats(processor.name)
+    stats, continuity = BatchStats(processor.name), OffsetContinuity()
     restored = {"done": False}
 
     @app.agent(_source(app, processor), name=processor.name)
@@ -152,7 +181,7 @@ def register_assembler(app, config: WorkerConfig) -> None:
             async with lock:
                 _track_restored(processor, table, restored)
                 try:
-                    await run_batch(app, table, processor, events, stats)
+                    await run_batch(app, table, processor, events, stats, continuity)
                 except BaseException as exc:
                     exit_without_committing(processor.name, exc)
 
