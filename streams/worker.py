@@ -19,7 +19,7 @@ from pathlib import Path
 from infra.kafka_clients import ensure_topics
 from schemas import topics
 from schemas.settings import Settings
-from streams.app import WorkerConfig, WorkerConfigError, create_app
+from streams.app import WorkerConfig, WorkerConfigError, create_app, import_faust
 
 log = logging.getLogger(__name__)
 CHILD_STOP_GRACE_S = 10.0
@@ -74,8 +74,7 @@ def source_partitions(bootstrap: str) -> int:
 
 def run_role(config: WorkerConfig, role: str, log_level: str = "INFO") -> int:
     """Run one role's faust worker in this process until it is stopped."""
-    import faust
-
+    faust = import_faust()
     app = create_app(config, role)
     worker = faust.Worker(app, loglevel=str(log_level).lower(), quiet=True, override_logging=False)
     worker.execute_from_commandline()  # returns (or exits) when the worker stops

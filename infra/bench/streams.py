@@ -325,8 +325,11 @@ def baseline_main(bootstrap: str, data_dir: str) -> None:
     State is a plain dict (lost on restart): with a faust Table updated per event, this agent
     crawled at a few steps/s here (faust's changelog buffer waits 0.1 s per message once full),
     so the comparison is against the stateless form, the faster of the two."""
-    import faust
     import orjson
+
+    from streams.app import import_faust
+
+    faust = import_faust()  # the same faust code path as our workers
 
     from schemas.codec import decode, encode
     from schemas.events import EpisodeStarted, StepRecorded
