@@ -18,7 +18,7 @@ import time
 from schemas.codec import encode, encode_key
 from schemas.events import EventBase
 from schemas.topics import topic_for
-from streams.app import WorkerConfig
+from streams.app import EXIT_REPLAY, WorkerConfig
 from streams.dlq import send_dead_letters
 from streams.offsets import OffsetContinuity, OffsetGap
 from streams.processors import BatchResult, Record, RuleRewarder, TrajectoryAssembler
@@ -206,7 +206,7 @@ def exit_without_committing(name: str, exc: BaseException) -> None:
     is consumed again after the restart and re-sent with the same event ids."""
     log.critical("%s: batch failed (%r); exiting without committing it", name, exc)
     logging.shutdown()
-    os._exit(70)
+    os._exit(EXIT_REPLAY)
 
 
 def _recovered(app) -> bool:

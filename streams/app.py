@@ -33,6 +33,9 @@ ROLE_REGISTRARS = {
     "judge": "streams.judge.agent:register_judge_agents",
 }
 DEFAULT_ROLES = ("rules", "assembler")
+# A role exits with this code to be consumed again from its committed offsets (a batch failed, or
+# records were never received); `agentstream worker` restarts it, other codes stop the worker.
+EXIT_REPLAY = 70
 
 
 class WorkerConfigError(AgentstreamError):

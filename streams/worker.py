@@ -19,10 +19,12 @@ from pathlib import Path
 from infra.kafka_clients import ensure_topics
 from schemas import topics
 from schemas.settings import Settings
-from streams.app import WorkerConfig, WorkerConfigError, create_app, import_faust
+from streams.app import EXIT_REPLAY, WorkerConfig, WorkerConfigError, create_app, import_faust
 
 log = logging.getLogger(__name__)
 CHILD_STOP_GRACE_S = 10.0
+REPLAY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # consecutive quick replay exits wait longer
+STEADY_AFTER_S = 60.0  # a role that ran this long before exiting starts the backoff again
 
 
 def config_from_args(args) -> WorkerConfig:
@@ -105,9 +107,10 @@ _FORWARDED = [
 
 
 def supervise(config: WorkerConfig, args) -> int:
-    """One child process per role; stop all when one exits or when asked to stop."""
-    children = {role: subprocess.Popen(_child_args(args, role)) for role in config.roles}
-    log.info("worker: roles %s as pids %s", ",".join(children), [p.pid for p in children.values()])
+    """One child process per role. A role that exits with EXIT_REPLAY is restarted (with backoff);
+    any other exit stops them all, as does SIGTERM / SIGINT."""
+    children = {role: _RoleChild(role, _child_args(args, role)) for role in config.roles}
+    log.info("worker: roles %s as pids %s", ",".join(children), [c.popen.pid for c in children.values()])
     stopping = {"signal": None}
 
     def on_signal(signum, _frame):
@@ -115,18 +118,56 @@ def supervise(config: WorkerConfig, args) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    while stopping["signal"] is None:
-        exited = [r for r, p in children.items() if p.poll() is not None]
-        if exited:
-            log.error(
-                "worker: role %s exited with %s; stopping the others",
-                exited[0],
-                children[exited[0]].returncode,
-            )
-            break
+    failed = None
+    while stopping["signal"] is None and failed is None:
+        for child in children.values():
+            if not child.poll_and_maybe_restart():
+                failed = child
+                break
         time.sleep(0.2)
-    _stop_children(children)
+    if failed is not None:
+        log.error("worker: role %s exited with %s; stopping the others", failed.role, failed.popen.returncode)
+    _stop_children({role: c.popen for role, c in children.items()})
     return 0 if stopping["signal"] is not None else 1
+
+
+class _RoleChild:
+    """One role's process; restarted after an EXIT_REPLAY exit once its backoff has passed."""
+
+    def __init__(self, role: str, argv: list[str]):
+        self.role, self.argv = role, argv
+        self.quick_exits = 0
+        self.restart_at: float | None = None
+        self._start()
+
+    def _start(self) -> None:
+        self.popen = subprocess.Popen(self.argv)
+        self.started = time.monotonic()
+        self.restart_at = None
+
+    def poll_and_maybe_restart(self) -> bool:
+        """False when the role exited for good (any code but EXIT_REPLAY)."""
+        if self.restart_at is not None:
+            if time.monotonic() >= self.restart_at:
+                self._start()
+                log.warning("worker: role %s restarted as pid %d", self.role, self.popen.pid)
+            return True
+        code = self.popen.poll()
+        if code is None:
+            return True
+        if code != EXIT_REPLAY:
+            return False
+        ran_s = time.monotonic() - self.started
+        self.quick_exits = 0 if ran_s >= STEADY_AFTER_S else self.quick_exits + 1
+        delay = REPLAY_BACKOFF_S[min(self.quick_exits, len(REPLAY_BACKOFF_S) - 1)]
+        log.warning(
+            "worker: role %s exited to replay from its committed offsets (after %.0fs); restarting in %.1fs",
+            self.role,
+            ran_s,
+            delay,
+        )
+        self.restart_at = time.monotonic() + delay
+        return True
 
 
 def _stop_children(children: dict[str, subprocess.Popen]) -> None:
