@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,16 +79,12 @@ class WorkerConfig:
 
 
 def import_faust():
-    """Import faust with its pure-Python stream and conductor code paths (`NO_CYTHON=1`).
-
-    With faust-streaming 0.15.3's Cython extensions, a worker restarted under CPU load sometimes
-    never delivered a fetched message to its agent, and faust then committed past it (its gap
-    check treats the committed offset as the last processed one): about 1 restart in 5 in
-    tests/test_broker_faust.py under load, none in 18 with `NO_CYTHON=1`. faust reads the
-    variable when its modules are first imported, so every worker imports faust through here."""
-    os.environ["NO_CYTHON"] = "1"
+    """Import faust with our fixes for its recovery race applied (streams/faust_fixes.py)."""
     import faust
 
+    from streams import faust_fixes
+
+    faust_fixes.apply(faust)
     return faust
 
 

@@ -4,12 +4,13 @@ The worker counts words into a memory-backed table. Restarted, it must rebuild t
 changelog topic and resume from the committed offset: the counts continue instead of restarting
 at 1, and no event is counted twice.
 
-Two faust behaviours around a restart are handled the way the real workers handle them: it
-sometimes loses the first fetched record (about once in six restarts under load), and the agent
-then exits on the gap before acking anything past it (streams/offsets.py) so the next worker
-resumes from the committed offset; and it sometimes delivers a record twice (it rewinds to the
-committed offset after delivering), which the agent skips by the next offset kept in its table,
-as our processors skip re-deliveries by event id.
+The worker imports faust as the real workers do, with the fixes for its recovery race
+(streams/faust_fixes.py; without them about one restart in six under load lost the first fetched
+record). Two faust behaviours are also handled the way the real workers handle them: should a
+record still go missing, the agent exits on the gap before acking anything past it
+(streams/offsets.py) and the next worker resumes from the committed offset; and a record delivered
+twice (faust rewinds to the committed offset) is skipped by the next offset kept in the table, as
+our processors skip re-deliveries by event id.
 """
 
 from __future__ import annotations
