@@ -15,7 +15,10 @@ includes "judge". It adds two agents:
   in the table `judge-groups` and scores a group in one call when it is complete (the expected
   size is known) or has been quiet for `group_wait_s`.
 
-Undecodable input goes to the DLQ with its coordinates; nothing is dropped silently.
+Undecodable input goes to the DLQ with its coordinates; nothing is dropped silently. As in the
+rules and assembler agents, a batch that follows records the agent never received (an offset gap)
+exits the role (code 70) before faust acks it, and `agentstream worker` restarts the role from the
+committed offsets.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from collections.abc import Iterator, MutableMapping
 
 import orjson
 
+from streams.agents import check_continuity
 from streams.judge.config import JudgeConfig, resolve_config
+from streams.offsets import OffsetContinuity
 
 log = logging.getLogger(__name__)
 
@@ -91,18 +96,25 @@ def _add_agents(app, cfg: JudgeConfig, processor) -> None:
             await _publish(app, sink, groups_topic, result)
             await _store(app, tables, processor.take_updates())
 
+    async def take_batch(name: str, batch, continuity: OffsetContinuity, process) -> None:
+        """Like the rules and assembler agents, a batch that follows records never received exits
+        the role before faust acks it (streams/agents.py)."""
+        await check_continuity(app, name, batch, continuity)
+        records = [_record(e) for e in batch]
+        log.debug("%s: batch of %d record(s)", name, len(records))
+        await step(lambda: process(records))
+
     @app.agent(source, name=NAME)
     async def judge(stream):
+        continuity = OffsetContinuity()
         async for batch in stream.take_events(cfg.take_max, within=cfg.take_within_s):
-            records = [_record(e) for e in batch]
-            log.debug("%s: batch of %d record(s)", NAME, len(records))
-            await step(lambda records=records: processor.process_records(records))
+            await take_batch(NAME, batch, continuity, processor.process_records)
 
     @app.agent(groups_topic, name=GROUPS_NAME)
     async def judge_groups(stream):
+        continuity = OffsetContinuity()
         async for batch in stream.take_events(cfg.take_max, within=cfg.take_within_s):
-            records = [_record(e) for e in batch]
-            await step(lambda records=records: processor.process_group_records(records))
+            await take_batch(GROUPS_NAME, batch, continuity, processor.process_group_records)
 
     @app.timer(interval=max(1.0, min(cfg.group_wait_s / 4, 30.0)), name=f"{GROUPS_NAME}-timeout")
     async def judge_groups_timeout():
