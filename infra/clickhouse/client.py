@@ -89,6 +89,9 @@ def connect(url: str, *, wait_s: float = 0.0, data_dir: object = None, **kwargs)
         served = live_endpoint(path)
         if served:
             return clickhouse_connect.get_client(dsn=served, **kwargs)
+        if _locked_elsewhere(path) and time.monotonic() < deadline:
+            time.sleep(0.2)  # its owner is starting; opening it now would only print chDB's lock error
+            continue
         try:
             Path(path).mkdir(parents=True, exist_ok=True)
             return clickhouse_connect.get_client(dsn=f"chdb://{os.path.realpath(path)}", **kwargs)
@@ -100,6 +103,25 @@ def connect(url: str, *, wait_s: float = 0.0, data_dir: object = None, **kwargs)
                     "`agentstream db serve`)?"
                 ) from exc
             time.sleep(0.2)
+
+
+def _locked_elsewhere(path: str) -> bool:
+    """Whether another open of the chDB directory holds ClickHouse's lock on its `status` file."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(path, "status"), os.O_RDONLY)
+    except OSError:
+        return False  # no status file: nobody has opened it yet
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def _server_client(url: str, **kwargs):

@@ -150,6 +150,11 @@ def _scalar(config, sql: str) -> int:
 
 
 def _count_trajectories(config) -> int:
+    from infra.clickhouse.client import chdb_path, live_endpoint
+
+    path = chdb_path(config.clickhouse_url)
+    if path is not None and not live_endpoint(path):
+        return 0  # the sink serves the embedded database once it has started; do not race it
     try:
         rows = _query(config, "SELECT uniqExact(trajectory_id) FROM agentstream.trajectories")
     except Exception:
