@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import time
+from functools import partial
 
 from schemas.codec import encode, encode_key
 from schemas.events import EventBase
@@ -161,10 +162,8 @@ def register_rules(app, config: WorkerConfig) -> None:
     @app.agent(_source(app, processor), name=processor.name)
     async def rules(stream):
         async for events in stream.take_events(config.batch_max, within=config.batch_within_s):
-            try:
-                await run_batch(app, table, processor, events, stats, continuity)
-            except BaseException as exc:
-                exit_without_committing(processor.name, exc)
+            batch = partial(run_batch, app, table, processor, events, stats, continuity)
+            await finish_batch(processor.name, batch)
 
 
 def register_assembler(app, config: WorkerConfig) -> None:
@@ -180,10 +179,8 @@ def register_assembler(app, config: WorkerConfig) -> None:
         async for events in stream.take_events(config.batch_max, within=config.batch_within_s):
             async with lock:
                 _track_restored(processor, table, restored)
-                try:
-                    await run_batch(app, table, processor, events, stats, continuity)
-                except BaseException as exc:
-                    exit_without_committing(processor.name, exc)
+                batch = partial(run_batch, app, table, processor, events, stats, continuity)
+            await finish_batch(processor.name, batch)
 
     @app.timer(config.timer_interval_s, name=f"{processor.name}-grace")
     async def grace():
@@ -195,6 +192,32 @@ def register_assembler(app, config: WorkerConfig) -> None:
             if result.outputs:
                 log.info("%s: grace period over for %d trajectories", processor.name, len(result.outputs))
             await apply_result(app, table, processor.name, result)
+
+
+BATCH_STOP_GRACE_S = 10.0  # how long a stopping agent lets its batch finish
+
+
+async def finish_batch(name: str, work) -> None:
+    """Await `work()` (one batch: outputs sent and acknowledged, then state), or exit without
+    committing.
+
+    A failure exits at once (`exit_without_committing`). A cancellation (faust stopping the agent)
+    lets the batch finish first, for at most BATCH_STOP_GRACE_S, so that a graceful stop does not
+    leave a half-sent batch to be acked, nor replay a finished one; then the cancellation goes on."""
+    task = asyncio.ensure_future(work())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), BATCH_STOP_GRACE_S)
+            except BaseException as exc:
+                exit_without_committing(name, exc)
+        if task.cancelled() or task.exception() is not None:
+            exit_without_committing(name, task.exception() or asyncio.CancelledError())
+        raise
+    except BaseException as exc:
+        exit_without_committing(name, exc)
 
 
 def exit_without_committing(name: str, exc: BaseException) -> None:

@@ -16,9 +16,10 @@ includes "judge". It adds two agents:
   size is known) or has been quiet for `group_wait_s`.
 
 Undecodable input goes to the DLQ with its coordinates; nothing is dropped silently. As in the
-rules and assembler agents, a batch that follows records the agent never received (an offset gap)
-exits the role (code 70) before faust acks it, and `agentstream worker` restarts the role from the
-committed offsets.
+rules and assembler agents, a batch that follows records the agent never received (an offset gap),
+or whose outputs the broker did not acknowledge, exits the role (code 70) before faust acks it, and
+`agentstream worker` restarts the role from the committed offsets; a stopping agent lets its batch
+finish first.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Iterator, MutableMapping
 
 import orjson
 
-from streams.agents import check_continuity
+from streams.agents import check_continuity, finish_batch
 from streams.judge.config import JudgeConfig, resolve_config
 from streams.offsets import OffsetContinuity
 
@@ -97,12 +98,13 @@ def _add_agents(app, cfg: JudgeConfig, processor) -> None:
             await _store(app, tables, processor.take_updates())
 
     async def take_batch(name: str, batch, continuity: OffsetContinuity, process) -> None:
-        """Like the rules and assembler agents, a batch that follows records never received exits
-        the role before faust acks it (streams/agents.py)."""
+        """As in the rules and assembler agents (streams/agents.py): a batch that follows records
+        never received, or whose outputs were not acknowledged, exits the role before faust acks
+        it; a stopping agent lets its batch finish first."""
         await check_continuity(app, name, batch, continuity)
         records = [_record(e) for e in batch]
         log.debug("%s: batch of %d record(s)", name, len(records))
-        await step(lambda: process(records))
+        await finish_batch(name, lambda: step(lambda: process(records)))
 
     @app.agent(source, name=NAME)
     async def judge(stream):
