@@ -30,6 +30,23 @@ STEPS = [
 ]
 
 
+def judge_steps(count: int, score: float, tid: str = "t") -> list[JudgeStep]:
+    """`reward.judge.step` events for steps 0..count-1 of trajectory `tid`."""
+    return [
+        JudgeStep(
+            event_id=f"j{i}",
+            trajectory_id=tid,
+            occurred_at=T0,
+            producer="judge",
+            judge_model="m",
+            prompt_version="p",
+            step_index=i,
+            score=score,
+        )
+        for i in range(count)
+    ]
+
+
 def trajectory(tid="t", steps=STEPS, domain="coding", reference_steps=None, passed=3, failed=1):
     started = EpisodeStarted(
         event_id=f"{tid}-s",
@@ -161,19 +178,7 @@ def test_expected_judge_scores_hold_the_emission_and_are_calibrated():
     cal.update("coding", "overall", Shift())
     assert feed(a, [*steps, *rewards, ended], cal=cal) == []
     assert a.missing() == [f"reward.judge.step[{i}]" for i in range(3)]
-    judged = [
-        JudgeStep(
-            event_id=f"j{i}",
-            trajectory_id="t",
-            occurred_at=T0,
-            producer="judge",
-            judge_model="m",
-            prompt_version="p",
-            step_index=i,
-            score=0.9,
-        )
-        for i in range(2)
-    ]
+    judged = judge_steps(2, score=0.9)
     failed = JudgeFailed(
         event_id="jf", trajectory_id="t", occurred_at=T0, producer="judge", reason="timeout", step_index=2
     )

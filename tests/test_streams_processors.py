@@ -10,7 +10,7 @@ from schemas.codec import encode
 from streams.app import WorkerConfig, WorkerConfigError
 from streams.processors import Record, RuleRewarder, TrajectoryAssembler
 from streams.rules.profiles import ProfileRegistry
-from tests.test_streams_assembler import T0, trajectory
+from tests.test_streams_assembler import T0, judge_steps, trajectory
 
 
 def records(events, topic=topics.AGENT_EVENTS, start=0):
@@ -82,7 +82,7 @@ def test_worker_config_names_the_bad_option(kwargs, needle):
 
 
 def test_calibration_events_are_applied_and_survive_a_restart():
-    from schemas.events import CalibrationUpdated, JudgeStep
+    from schemas.events import CalibrationUpdated
 
     cal = CalibrationUpdated(
         event_id="c1",
@@ -101,19 +101,7 @@ def test_calibration_events_are_applied_and_survive_a_restart():
     restarted = TrajectoryAssembler(ProfileRegistry(), grace_s=30, judge_mode=lambda s: "step")
     restarted.track_restored(list(store.items()))
     started, steps, ended, rewards = trajectory()
-    judged = [
-        JudgeStep(
-            event_id=f"j{i}",
-            trajectory_id="t",
-            occurred_at=T0,
-            producer="judge",
-            judge_model="m",
-            prompt_version="p",
-            step_index=i,
-            score=0.8,
-        )
-        for i in range(len(steps))
-    ]
+    judged = judge_steps(len(steps), score=0.8)
     result = restarted.process(
         records([started, *steps, ended])
         + records(rewards, topics.REWARD_RULE)
