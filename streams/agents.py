@@ -180,7 +180,7 @@ def register_assembler(app, config: WorkerConfig) -> None:
             async with lock:
                 _track_restored(processor, table, restored)
                 batch = partial(run_batch, app, table, processor, events, stats, continuity)
-            await finish_batch(processor.name, batch)
+                await finish_batch(processor.name, batch)  # under the lock: the grace timer waits
 
     @app.timer(config.timer_interval_s, name=f"{processor.name}-grace")
     async def grace():
