@@ -192,7 +192,7 @@ class Supervisor:
             time.sleep(0.05)
 
     def _create_topics(self) -> None:
-        from infra.kafka_clients import ensure_topics
+        from clients.kafka import ensure_topics
 
         ensure_topics(self.config.bootstrap_servers)
 

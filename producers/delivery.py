@@ -185,7 +185,7 @@ class SpoolDelivery:
         if not todo:
             return
         if self.config.create_topics:
-            from infra.kafka_clients import ensure_topics
+            from clients.kafka import ensure_topics
             from schemas.topics import TOPICS
 
             specs = [TOPICS[t] for t in todo if t in TOPICS]

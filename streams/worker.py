@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from infra.kafka_clients import ensure_topics
+from clients.kafka import ensure_topics
 from schemas import topics
 from schemas.settings import Settings
 from streams.app import EXIT_REPLAY, WorkerConfig, WorkerConfigError, create_app, import_faust

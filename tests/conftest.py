@@ -61,7 +61,7 @@ def _reset_external(bootstrap: str) -> None:
     """Fresh registry topics for each test on a shared external Kafka."""
     from kafka import KafkaAdminClient
 
-    from infra.kafka_clients import ensure_topics
+    from clients.kafka import ensure_topics
     from schemas.topics import TOPICS
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)

@@ -14,9 +14,9 @@ import logging
 import time
 from collections import defaultdict
 
+from clients.clickhouse import DATABASE
 from consumers.sink.base import Rejected, Sink, Source
 from consumers.sink.rows import COLUMNS
-from infra.clickhouse import DATABASE
 from schemas.errors import AgentstreamError
 
 log = logging.getLogger(__name__)

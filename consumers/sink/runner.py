@@ -292,9 +292,9 @@ def rewind_group(config: SinkConfig) -> None:
 
 def run_sink(config: SinkConfig, stop: threading.Event | None = None, ready=None) -> dict:
     """Run the sink until `stop` is set. Migrates first; serves an embedded chDB path over HTTP."""
-    from infra.clickhouse.client import open_and_serve
-    from infra.clickhouse.migrate import migrate
-    from infra.kafka_clients import ensure_topics
+    from clients.clickhouse.client import open_and_serve
+    from clients.clickhouse.migrate import migrate
+    from clients.kafka import ensure_topics
 
     stop = stop or threading.Event()
     client, endpoint = open_and_serve(config.clickhouse_url, port=config.endpoint_port)

@@ -115,7 +115,7 @@ class TrainerConsumer:
     def run(self) -> int:
         from kafka.errors import KafkaError
 
-        from infra.kafka_clients import ensure_topics
+        from clients.kafka import ensure_topics
 
         signal.signal(signal.SIGTERM, self._on_term)
         ensure_topics(self.options.bootstrap_servers)

@@ -82,7 +82,7 @@ def follow(
     from kafka import KafkaConsumer, TopicPartition
     from kafka.structs import OffsetAndMetadata
 
-    from infra.kafka_clients import ensure_topics
+    from clients.kafka import ensure_topics
 
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))

@@ -88,7 +88,7 @@ def _percentiles(name: str, values: list[float]) -> dict:
 
 
 def _query(config, sql: str) -> list[tuple]:
-    from infra.clickhouse.client import connect
+    from clients.clickhouse.client import connect
 
     client = connect(config.clickhouse_url, wait_s=30)
     try:

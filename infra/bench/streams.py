@@ -48,9 +48,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> dict:
+    from clients.kafka import ensure_topics
     from infra.bench.broker import BrokerProcess
     from infra.bench.report import median, percentile
-    from infra.kafka_clients import ensure_topics
 
     repeats = max(1, min(int(args.repeats), 3))
     rows, notes, raw = [], [], {}
@@ -293,7 +293,7 @@ def _join_latencies(bootstrap: str) -> list[float]:
 
 
 def _measure_baseline(bootstrap: str, scratch: Path, trajectories: int, steps: int) -> float:
-    from infra.kafka_clients import ensure_topics
+    from clients.kafka import ensure_topics
     from schemas.topics import TopicSpec
 
     ensure_topics(bootstrap, [TopicSpec(BASELINE_TOPIC, ("reward.rule.step",))])

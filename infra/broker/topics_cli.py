@@ -46,7 +46,7 @@ def parse_configs(pairs: list[str]) -> dict[str, str]:
 
 def create(args) -> int:
     if not args.names:
-        from infra.kafka_clients import ensure_topics
+        from clients.kafka import ensure_topics
 
         created = ensure_topics(Settings.from_args(args).bootstrap_servers)
         print(f"created {len(created)} registry topic(s)" + (": " + ", ".join(created) if created else ""))

@@ -1,11 +1,2 @@
-"""ClickHouse for agentstream: connection by URL (chDB embedded or a server), migrations, analytics."""
-
-from __future__ import annotations
-
-from schemas.errors import AgentstreamError
-
-DATABASE = "agentstream"
-
-
-class ClickHouseError(AgentstreamError):
-    """A ClickHouse URL, migration or query problem a user can fix."""
+"""ClickHouse for the top floor: the `db`, `sql`, `leaderboard` and `trajectory` commands and the
+analytics queries behind them. Connections and migrations live below, in `clients.clickhouse`."""

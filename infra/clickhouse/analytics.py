@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date
 
-from infra.clickhouse import DATABASE, ClickHouseError
+from clients.clickhouse import DATABASE, ClickHouseError
 
 Query = Callable[[str], Sequence[tuple]]
 BY_CHOICES = ("model", "agent", "policy_version")

@@ -9,7 +9,7 @@ import logging
 import signal
 import threading
 
-from infra.clickhouse.client import chdb_path, connect
+from clients.clickhouse.client import chdb_path, connect
 from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def render(rows: list[dict], fmt: str) -> str:
 
 
 def migrate_cmd(args) -> int:
-    from infra.clickhouse.migrate import apply_events_ttl, migrate
+    from clients.clickhouse.migrate import apply_events_ttl, migrate
 
     client = _client(args)
     try:
@@ -50,9 +50,9 @@ def migrate_cmd(args) -> int:
 
 
 def serve_cmd(args) -> int:
-    from infra.clickhouse import ClickHouseError
-    from infra.clickhouse.client import open_and_serve
-    from infra.clickhouse.migrate import migrate
+    from clients.clickhouse import ClickHouseError
+    from clients.clickhouse.client import open_and_serve
+    from clients.clickhouse.migrate import migrate
 
     url = Settings.from_args(args).resolved_clickhouse_url
     if chdb_path(url) is None:
@@ -102,7 +102,7 @@ def leaderboard_cmd(args) -> int:
 
 
 def trajectory_cmd(args) -> int:
-    from infra.clickhouse import ClickHouseError
+    from clients.clickhouse import ClickHouseError
     from infra.clickhouse.analytics import trajectory_sql, trajectory_steps
 
     client = _client(args)

@@ -150,7 +150,7 @@ def _scalar(config, sql: str) -> int:
 
 
 def _count_trajectories(config) -> int:
-    from infra.clickhouse.client import chdb_path, live_endpoint
+    from clients.clickhouse.client import chdb_path, live_endpoint
 
     path = chdb_path(config.clickhouse_url)
     if path is not None and not live_endpoint(path):
@@ -163,7 +163,7 @@ def _count_trajectories(config) -> int:
 
 
 def _query(config, sql: str) -> list[tuple]:
-    from infra.clickhouse.client import connect
+    from clients.clickhouse.client import connect
 
     client = connect(config.clickhouse_url, wait_s=30)
     try:

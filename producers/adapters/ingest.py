@@ -219,7 +219,7 @@ class Publisher:
     def __init__(self, bootstrap_servers: str, timeout_s: float = 30.0):
         from kafka import KafkaProducer
 
-        from infra.kafka_clients import ensure_topics
+        from clients.kafka import ensure_topics
         from schemas.topics import AGENT_EVENTS, DLQ, TOPICS
 
         self.timeout_s = timeout_s

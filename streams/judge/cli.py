@@ -107,7 +107,7 @@ def _bootstrap(args) -> str:
 def _publish(bootstrap: str, events) -> None:
     from kafka import KafkaProducer
 
-    from infra.kafka_clients import ensure_topics
+    from clients.kafka import ensure_topics
     from schemas.codec import encode, encode_key
     from schemas.topics import FEEDBACK_HUMAN, TOPICS, topic_for
 
@@ -195,7 +195,7 @@ def _clickhouse_url(args) -> str:
 
 def read_clickhouse(url: str):
     """Judge scores, labels and episode domains from the ClickHouse tables the sink fills."""
-    from infra.clickhouse.client import connect
+    from clients.clickhouse.client import connect
     from streams.judge.annotations import ScoreTables
 
     client = connect(url, wait_s=10.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.clickhouse.client import chdb_path, connect, live_endpoint
+from clients.clickhouse.client import chdb_path, connect, live_endpoint
 from schemas.codec import encode, encode_key
 from schemas.topics import TOPICS, topic_for
 from tests.support.processes import AGENTSTREAM, Proc, wait_for

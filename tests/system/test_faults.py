@@ -80,7 +80,7 @@ class Stack:
         )
 
     def query(self, sql: str) -> list[tuple]:
-        from infra.clickhouse.client import connect
+        from clients.clickhouse.client import connect
 
         client = connect(self.config.clickhouse_url, wait_s=30)
         try:

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from infra.clickhouse import ClickHouseError
+from clients.clickhouse import ClickHouseError
+from clients.clickhouse.client import chdb_path
+from clients.clickhouse.endpoint import parse_request
+from clients.clickhouse.migrate import load_migrations, split_statements
 from infra.clickhouse.analytics import bootstrap_ci, episode_rewards_sql, holm, leaderboard, trajectory_steps
-from infra.clickhouse.client import chdb_path
-from infra.clickhouse.endpoint import parse_request
-from infra.clickhouse.migrate import load_migrations, split_statements
 
 
 def test_bootstrap_ci_brackets_the_mean_and_is_reproducible():

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from infra.clickhouse.client import chdb_path, live_endpoint
+from clients.clickhouse.client import chdb_path, live_endpoint
 from schemas.events import StepRecorded
 from tests.support.processes import AGENTSTREAM, Proc, free_port, wait_for
 from tests.support.sink_harness import publish, reader, scalar, start_sink

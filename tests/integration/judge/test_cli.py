@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from infra.kafka_clients import ensure_topics
+from clients.kafka import ensure_topics
 from schemas.events import EpisodeStarted, JudgeTrajectory
 from schemas.topics import FEEDBACK_HUMAN
 from streams.judge.annotations import annotation_event, pair_scores

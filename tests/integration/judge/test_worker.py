@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from infra.kafka_clients import ensure_topics
+from clients.kafka import ensure_topics
 from schemas.codec import decode, encode, encode_key
 from schemas.topics import AGENT_EVENTS, DLQ, REWARD_JUDGE
 from streams.judge.messages_server import MessagesServer

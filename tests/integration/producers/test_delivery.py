@@ -91,7 +91,7 @@ def test_kill9_of_the_producer_mid_delivery_loses_and_duplicates_nothing(tmp_pat
 
 def test_an_in_doubt_chunk_is_completed_without_resending_what_landed(broker, tmp_path):
     """The broker stored half a chunk, then the producer died before moving its cursor."""
-    from infra.kafka_clients import ensure_topics
+    from clients.kafka import ensure_topics
     from schemas.topics import TOPICS
 
     ensure_topics(broker.bootstrap, [TOPICS[AGENT_EVENTS]])

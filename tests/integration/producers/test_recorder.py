@@ -183,7 +183,7 @@ def test_async_recorder_round_trip(broker, data_dir):
 def test_follow_policy_stamps_new_episodes_with_the_latest_policy(broker, data_dir):
     from kafka import KafkaProducer
 
-    from infra.kafka_clients import ensure_topics
+    from clients.kafka import ensure_topics
     from schemas.codec import encode
     from schemas.events import PolicyUpdated, utc_now
     from schemas.topics import TOPICS

@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import pytest
 
-from infra.kafka_clients import ensure_topics
+from clients.kafka import ensure_topics
 from schemas import topics
 from schemas.codec import encode
 from schemas.events import EpisodeStarted, RuleRewardStep, StepRecorded, TrajectoryScored

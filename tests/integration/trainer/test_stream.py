@@ -61,7 +61,7 @@ def _trainer(broker, data_dir, log_name):
 
 
 def test_exactly_once_under_kill9(broker, data_dir):
-    from infra.kafka_clients import ensure_topics
+    from clients.kafka import ensure_topics
 
     ensure_topics(broker.bootstrap)
     trajectories = synthetic(1000, group_size=GROUP)
@@ -129,7 +129,7 @@ def test_exactly_once_under_kill9(broker, data_dir):
 
 
 def test_republishes_a_batch_whose_event_was_lost(broker, data_dir):
-    from infra.kafka_clients import ensure_topics
+    from clients.kafka import ensure_topics
 
     ensure_topics(broker.bootstrap)
     meta = {
@@ -174,8 +174,8 @@ def test_republishes_a_batch_whose_event_was_lost(broker, data_dir):
 
 
 def test_executor_follows_batches_and_publishes_policy_updates(broker, data_dir):
+    from clients.kafka import ensure_topics
     from consumers.trainer.builders import SFTBuilder, SFTBuilderConfig
-    from infra.kafka_clients import ensure_topics
     from tests.support.trainer_data import golden_group
 
     ensure_topics(broker.bootstrap)
@@ -213,7 +213,7 @@ def test_executor_follows_batches_and_publishes_policy_updates(broker, data_dir)
 
 
 def test_tokenized_parquet_batches_and_idle_exit(broker, data_dir):
-    from infra.kafka_clients import ensure_topics
+    from clients.kafka import ensure_topics
 
     ensure_topics(broker.bootstrap)
     producer = _producer(broker.bootstrap)

@@ -1,6 +1,7 @@
 """The group coordinator's state machine, driven directly on an event loop (no sockets needed).
 
-Real clients exercise the happy paths in tests/integration/broker/test_clients.py; here the edge cases a client
+Real clients exercise the happy paths in tests/integration/broker/test_clients.py; here the edge
+cases a client
 rarely hits on purpose: MEMBER_ID_REQUIRED, followers waiting for the leader in SyncGroup,
 laggards evicted at the rebalance timeout, session expiry, heartbeat and commit error codes.
 """

@@ -1,5 +1,6 @@
 """The judge processor end to end over the real anthropic SDK and the local Messages-API server
-(no broker: the faust/aiokafka shells only move bytes; see tests/integration/judge/test_worker.py for the wiring)."""
+(no broker: the faust/aiokafka shells only move bytes; see tests/integration/judge/test_worker.py for
+the wiring)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from infra.clickhouse import DATABASE, ClickHouseError
+from clients.clickhouse import DATABASE, ClickHouseError
 
 log = logging.getLogger(__name__)
 

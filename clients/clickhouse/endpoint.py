@@ -3,7 +3,7 @@
 Why: chDB runs ClickHouse inside one process and locks its data directory (`status` file), so a
 second process cannot open the same `chdb:///path` while the sink writes to it. The process that
 owns the path (the sink, or `agentstream db serve`) exposes the engine here on 127.0.0.1, and
-writes the address to an endpoint file beside the data directory. `infra.clickhouse.client.connect`
+writes the address to an endpoint file beside the data directory. `clients.clickhouse.client.connect`
 finds that file and talks to the endpoint with clickhouse-connect's ordinary HTTP client, so every
 caller runs the same code whether the URL is `chdb:///path` or `http://host:8123`.
 

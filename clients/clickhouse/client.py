@@ -3,7 +3,7 @@
 - `http://host:8123` (or https): a ClickHouse server, through `clickhouse_connect.get_client`.
 - `chdb:///abs/path`: embedded chDB through clickhouse-connect's own chDB backend. chDB locks its data
   directory to one process, so the process that owns it (the sink, or `agentstream db serve`) also
-  serves it over a loopback ClickHouse-HTTP endpoint (`infra.clickhouse.endpoint`). `connect` looks
+  serves it over a loopback ClickHouse-HTTP endpoint (`clients.clickhouse.endpoint`). `connect` looks
   for that endpoint first and, when it is alive, returns an ordinary HTTP client to it. Callers get
   the same clickhouse-connect `Client` (`query`, `insert`, `command`) either way.
 
@@ -20,8 +20,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from infra.clickhouse import ClickHouseError
-from infra.clickhouse.endpoint import Endpoint, endpoint_file
+from clients.clickhouse import ClickHouseError
+from clients.clickhouse.endpoint import Endpoint, endpoint_file
 
 log = logging.getLogger(__name__)
 
