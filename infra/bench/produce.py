@@ -26,7 +26,7 @@ OBSERVATION = "o" * 2048
 
 
 def add_arguments(parser) -> None:
-    from infra.cli import add_option
+    from infra.cli.options import add_option
 
     add_option(parser, "--steps", type=int, default=5000, help="SDK steps per repeat")
     add_option(parser, "--requests", type=int, default=200, help="gateway requests per repeat and client")

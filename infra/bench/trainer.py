@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from infra.bench.report import median
-from infra.cli import add_option
+from infra.cli.options import add_option
 
 log = logging.getLogger(__name__)
 

@@ -74,16 +74,16 @@ def test_options_fall_back_to_environment_and_say_so(tmp_path):
     help_text = _run("schema", "export", "--help").stdout
     assert "AGENTSTREAM_DATA_DIR" in help_text and "AGENTSTREAM_BOOTSTRAP_SERVERS" in help_text
 
-    from infra.cli import _apply_env_defaults, build_parser
+    from infra.cli import apply_env_defaults, build_parser
 
     parser = build_parser()
     os.environ["AGENTSTREAM_DATA_DIR"] = str(tmp_path / "from-env")
     try:
         args = parser.parse_args(["schema", "export", "out"])
-        _apply_env_defaults(parser, args)
+        apply_env_defaults(parser, args)
         assert args.data_dir == str(tmp_path / "from-env")
         args = parser.parse_args(["schema", "export", "out", "--data-dir", "explicit"])
-        _apply_env_defaults(parser, args)
+        apply_env_defaults(parser, args)
         assert args.data_dir == "explicit"
     finally:
         del os.environ["AGENTSTREAM_DATA_DIR"]

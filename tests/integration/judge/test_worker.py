@@ -146,7 +146,7 @@ def test_assembled_trajectories_carry_judge_scores_and_a_published_calibration(b
     map's version."""
     from schemas.topics import TRAJECTORY_SCORED
     from streams.judge.calibration import fit_calibration
-    from streams.judge.cli import _publish, calibration_event
+    from infra.commands.judge import _publish, calibration_event
 
     rules = tmp_path / "rules.yaml"
     rules.write_text("rules:\n  - name: all\n    mode: trajectory\n")

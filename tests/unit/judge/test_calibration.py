@@ -115,7 +115,7 @@ def test_assembler_totals_change_with_a_published_calibration_map():
     total and the map's version in `calibration_version`."""
     from schemas.events import EpisodeEnded, EpisodeStarted, JudgeTrajectory, RuleRewardStep, StepRecorded
     from schemas.topics import topic_for
-    from streams.judge.cli import calibration_event
+    from infra.commands.judge import calibration_event
     from streams.processors import Record, TrajectoryAssembler
     from streams.rules.profiles import ProfileRegistry
 

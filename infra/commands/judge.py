@@ -14,16 +14,14 @@ import json
 import logging
 from pathlib import Path
 
-from infra.cli import add_option, command_parser
+from infra.cli.options import add_option, command_parser
 
 log = logging.getLogger(__name__)
 
 
 def register(sub) -> None:
     """Add this package's subcommands to the `agentstream` parser."""
-    parser = command_parser(
-        sub, "annotate", "streams.judge.cli:annotate", "publish human labels (feedback.human)"
-    )
+    parser = command_parser(sub, "annotate", annotate, "publish human labels (feedback.human)")
     add_option(parser, "--trajectory", help="trajectory id of the label")
     add_option(parser, "--step", type=int, help="step index (leave out for a trajectory-level label)")
     add_option(parser, "--rubric", default="overall", help="rubric id the label scores")
@@ -35,7 +33,7 @@ def register(sub) -> None:
     parser = command_parser(
         sub,
         "calibrate",
-        "streams.judge.cli:calibrate",
+        calibrate,
         "fit judge->human calibration maps and report agreement",
     )
     add_option(parser, "--domain", help="only this domain")

@@ -1,4 +1,4 @@
-"""Subcommands contributed by this package (see infra/cli.py). Handlers are imported lazily.
+"""Subcommands contributed by this package (see infra/cli/main.py). Handlers are imported lazily.
 
 - `agentstream db migrate` / `agentstream db serve`: schema migrations; serve an embedded chDB path.
 - `agentstream sql "SELECT ..."`: run SQL, print a table, CSV or JSON.
@@ -8,31 +8,30 @@
 
 from __future__ import annotations
 
-from infra.cli import add_option, command_parser, group_parser
-
-HANDLERS = "infra.clickhouse.commands"
+from infra.cli.options import add_option, command_parser, group_parser
+from infra.clickhouse.commands import leaderboard_cmd, migrate_cmd, serve_cmd, sql_cmd, trajectory_cmd
 
 
 def register(sub) -> None:
     """Add this package's subcommands to the `agentstream` parser."""
     db = group_parser(sub, "db", "ClickHouse schema: migrations, serving an embedded chDB path")
-    migrate = command_parser(db, "migrate", f"{HANDLERS}:migrate_cmd", "apply pending ClickHouse migrations")
+    migrate = command_parser(db, "migrate", migrate_cmd, "apply pending ClickHouse migrations")
     add_option(
         migrate, "--events-ttl-days", type=int, help="expire raw `events` rows after N days (0: never)"
     )
     serve = command_parser(
-        db, "serve", f"{HANDLERS}:serve_cmd", "serve an embedded chDB path over ClickHouse HTTP on 127.0.0.1"
+        db, "serve", serve_cmd, "serve an embedded chDB path over ClickHouse HTTP on 127.0.0.1"
     )
     add_option(serve, "--port", type=int, default=0, env="AGENTSTREAM_CLICKHOUSE_PORT", help="port (0: free)")
 
-    sql = command_parser(sub, "sql", f"{HANDLERS}:sql_cmd", "run a SQL query against ClickHouse")
+    sql = command_parser(sub, "sql", sql_cmd, "run a SQL query against ClickHouse")
     sql.add_argument("query", help='the SQL, e.g. "SELECT count() FROM agentstream.events"')
     add_option(sql, "--format", choices=["table", "csv", "json"], default="table", help="output format")
 
     board = command_parser(
         sub,
         "leaderboard",
-        f"{HANDLERS}:leaderboard_cmd",
+        leaderboard_cmd,
         "success rate and mean reward per model/agent/policy",
     )
     add_option(board, "--domain", help="only this domain")
@@ -40,6 +39,6 @@ def register(sub) -> None:
     add_option(board, "--since", help="only episodes on or after this day (YYYY-MM-DD)")
     add_option(board, "--format", choices=["table", "csv", "json"], default="table", help="output format")
 
-    traj = command_parser(sub, "trajectory", f"{HANDLERS}:trajectory_cmd", "one trajectory step by step")
+    traj = command_parser(sub, "trajectory", trajectory_cmd, "one trajectory step by step")
     traj.add_argument("trajectory_id", help="the trajectory id")
     add_option(traj, "--format", choices=["table", "csv", "json"], default="table", help="output format")

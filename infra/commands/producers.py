@@ -5,12 +5,12 @@ Handlers are imported lazily (infra/cli.py); this module only declares options.
 
 from __future__ import annotations
 
-from infra.cli import add_option, command_parser, group_parser
+from infra.cli.options import add_option, command_parser, group_parser
 
 
 def register(sub) -> None:
     """Add this package's subcommands to the `agentstream` parser."""
-    gateway = command_parser(sub, "gateway", "producers.cli:run_gateway", "HTTP ingestion: POST /v1/events")
+    gateway = command_parser(sub, "gateway", run_gateway, "HTTP ingestion: POST /v1/events")
     add_option(gateway, "--host", default="127.0.0.1", help="address to bind")
     add_option(gateway, "--port", type=int, default=8080, help="port to bind (0: any free port)")
     add_option(
@@ -36,16 +36,12 @@ def register(sub) -> None:
     add_option(gateway, "--client", default="kafka-python", help="Kafka client: kafka-python or aiokafka")
     add_option(gateway, "--ready-file", help="write host:port here once listening")
 
-    key = command_parser(
-        sub, "gateway-key", "producers.cli:run_gateway_key", "print the sha256 hash of an API key"
-    )
+    key = command_parser(sub, "gateway-key", run_gateway_key, "print the sha256 hash of an API key")
     key.add_argument("key", help="the API key to hash (give the hash to --api-key-hashes)")
 
     spool = group_parser(sub, "spool", "the SDK's local spool of undelivered events")
-    command_parser(
-        spool, "status", "producers.cli:run_spool_status", "list spool slots and undelivered events"
-    )
-    flush = command_parser(spool, "flush", "producers.cli:run_spool_flush", "deliver every spooled event now")
+    command_parser(spool, "status", run_spool_status, "list spool slots and undelivered events")
+    flush = command_parser(spool, "flush", run_spool_flush, "deliver every spooled event now")
     add_option(flush, "--timeout-s", type=float, default=60.0, help="give up after this many seconds")
 
 

@@ -1,18 +1,17 @@
-"""Subcommands contributed by this package (see infra/cli.py). Handlers are imported lazily.
+"""Subcommands contributed by this package (see infra/cli/main.py). Handlers are imported lazily.
 
 - `agentstream sink`: the ClickHouse sink worker (consumers/sink/runner.py).
 """
 
 from __future__ import annotations
 
-from infra.cli import add_option, command_parser
+from consumers.sink.cli_main import run
+from infra.cli.options import add_option, command_parser
 
 
 def register(sub) -> None:
     """Add this package's subcommands to the `agentstream` parser."""
-    parser = command_parser(
-        sub, "sink", "consumers.sink.cli_main:run", "consume every topic into ClickHouse (migrates on start)"
-    )
+    parser = command_parser(sub, "sink", run, "consume every topic into ClickHouse (migrates on start)")
     add_option(parser, "--group-id", default="agentstream-sink", help="Kafka consumer group of the sink")
     add_option(parser, "--batch-rows", type=int, default=5000, help="flush after this many buffered rows")
     add_option(

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from infra.cli import command_parser, group_parser
+from infra.cli.options import command_parser, group_parser
 
 
 def register(sub) -> None:
     schema = group_parser(sub, "schema", "event contract: export JSON Schemas")
-    export = command_parser(
-        schema, "export", "schemas.cli:export_command", "write one JSON Schema per event type"
-    )
+    export = command_parser(schema, "export", export_command, "write one JSON Schema per event type")
     export.add_argument("directory", help="output directory (created if missing)")
 
 

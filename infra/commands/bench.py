@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from infra.cli import add_option, command_parser, group_parser
+from infra.cli.options import add_option, command_parser, group_parser
 
 # name -> one-line description; the module infra.bench.<name> implements it.
 BENCHMARKS = {
@@ -27,7 +27,7 @@ BENCHMARKS = {
 def register(sub) -> None:
     bench = group_parser(sub, "bench", "run a benchmark; prints a table and writes JSON")
     for name, description in BENCHMARKS.items():
-        parser = command_parser(bench, name, "infra.bench.cli:run_benchmark", description)
+        parser = command_parser(bench, name, run_benchmark, description)
         add_option(parser, "--output", help="JSON output path (default: bench-results/<name>.json)")
         add_option(parser, "--repeats", type=int, default=5, help="repeats; figures are medians")
         parser.set_defaults(_bench=name)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from infra.cli import add_option, command_parser
+from infra.cli.options import add_option, command_parser
+from infra.demo.run import demo_command
 
 
 def register(sub) -> None:
-    up = command_parser(sub, "up", "infra.stack_cli:up_command", "start and supervise the embedded stack")
+    up = command_parser(sub, "up", up_command, "start and supervise the embedded stack")
     add_option(up, "--broker-port", type=int, default=19092, help="embedded broker port")
     add_option(up, "--workers", type=int, default=1, help="stream worker processes (rules + assembler)")
     add_option(up, "--judge", action="store_true", default=False, help="also run the LLM judge worker")
@@ -22,12 +23,10 @@ def register(sub) -> None:
         "external: use --bootstrap-servers / --clickhouse-url as given",
     )
 
-    status = command_parser(sub, "status", "infra.stack_cli:status_command", "per-stage lag, throughput, DLQ")
+    status = command_parser(sub, "status", status_command, "per-stage lag, throughput, DLQ")
     add_option(status, "--sample-seconds", type=float, default=1.0, help="throughput sampling window")
 
-    demo = command_parser(
-        sub, "demo", "infra.demo.run:demo_command", "run simulated agents through the whole loop"
-    )
+    demo = command_parser(sub, "demo", demo_command, "run simulated agents through the whole loop")
     add_option(
         demo, "--episodes", type=int, default=144, help="episodes to run (tasks x policies x group size)"
     )

@@ -1,11 +1,12 @@
-"""Subcommands contributed by this package (see infra/cli.py). Handlers are imported lazily.
+"""Subcommands contributed by this package (see infra/cli/main.py). Handlers are imported lazily.
 
 - `agentstream worker`: run stream processors (rule rewards, trajectory assembler, judge).
 """
 
 from __future__ import annotations
 
-from infra.cli import add_option, command_parser
+from infra.cli.options import add_option, command_parser
+from streams.worker import main
 
 
 def register(sub) -> None:
@@ -13,7 +14,7 @@ def register(sub) -> None:
     parser = command_parser(
         sub,
         "worker",
-        "streams.worker:main",
+        main,
         "run stream processors (faust): rule rewards, trajectory assembly, LLM judge",
     )
     add_option(

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from infra.cli.options import add_option, command_parser
+from producers.adapters.ingest import main
+
 
 def register(sub) -> None:
     """Add `ingest` to the `agentstream` parser."""
-    from infra.cli import add_option, command_parser
-
     parser = command_parser(
         sub,
         "ingest",
-        "producers.adapters.ingest:main",
+        main,
         "convert agent logs (OpenHands, SWE-agent, mini-swe-agent, OpenAI/Anthropic chats, agentstream "
         "JSONL) into events and publish them to agent.events",
     )

@@ -1,4 +1,4 @@
-"""Subcommands contributed by this package (see infra/cli.py). Handlers are imported lazily.
+"""Subcommands contributed by this package (see infra/cli/main.py). Handlers are imported lazily.
 
 - `agentstream broker`: run the embedded Kafka-protocol broker (infra/broker/runner.py).
 - `agentstream topics create|list|describe`: topic administration through kafka-python's admin
@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
-from infra.cli import add_option, command_parser, group_parser
+from infra.broker import topics_cli
+from infra.broker.runner import run
+from infra.cli.options import add_option, command_parser, group_parser
 from schemas.settings import DEFAULT_BROKER_HOST, DEFAULT_BROKER_PORT
 
 
@@ -21,7 +23,7 @@ def _register_broker(sub) -> None:
     parser = command_parser(
         sub,
         "broker",
-        "infra.broker.runner:run",
+        run,
         "run the embedded Kafka-protocol broker (durable, single node)",
     )
     add_option(
@@ -84,7 +86,7 @@ def _register_topics(sub) -> None:
     create = command_parser(
         topics,
         "create",
-        "infra.broker.topics_cli:create",
+        topics_cli.create,
         "create topics (no names: every topic of the agentstream registry)",
     )
     create.add_argument("names", nargs="*", help="topic names (default: the whole registry)")
@@ -92,8 +94,8 @@ def _register_topics(sub) -> None:
     create.add_argument(
         "--config", action="append", default=[], metavar="KEY=VALUE", help="topic config for named topics"
     )
-    command_parser(topics, "list", "infra.broker.topics_cli:list_topics", "list topic names")
+    command_parser(topics, "list", topics_cli.list_topics, "list topic names")
     describe = command_parser(
-        topics, "describe", "infra.broker.topics_cli:describe", "show partitions and configs of topics"
+        topics, "describe", topics_cli.describe, "show partitions and configs of topics"
     )
     describe.add_argument("names", nargs="*", help="topic names (default: every topic)")

@@ -1,4 +1,4 @@
-"""Subcommands contributed by this package (see infra/cli.py). Handlers are imported lazily.
+"""Subcommands contributed by this package (see infra/cli/main.py). Handlers are imported lazily.
 
 - `agentstream trainer`: the batch-building consumer of `trajectory.scored` (consumers/trainer/consumer.py).
 - `agentstream train`: the training executor, on one batch file or following `training.batches`.
@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from infra.cli import add_option, command_parser
+from consumers.trainer.commands import run_train, run_trainer
+from infra.cli.options import add_option, command_parser
 
 
 def register(sub) -> None:
@@ -19,7 +20,7 @@ def _register_trainer(sub) -> None:
     p = command_parser(
         sub,
         "trainer",
-        "consumers.trainer.commands:run_trainer",
+        run_trainer,
         "build SFT / DPO / GRPO batches from trajectory.scored",
     )
     add_option(
@@ -104,7 +105,7 @@ def _register_train(sub) -> None:
     p = command_parser(
         sub,
         "train",
-        "consumers.trainer.commands:run_train",
+        run_train,
         "train on batches (LoRA): one file, or follow training.batches",
     )
     add_option(

@@ -1,35 +1,15 @@
-"""The `agentstream` console script: one entry point, subcommands registered per package.
+"""Options with environment fallbacks, and the helpers that declare commands.
 
-Each package contributes a `register(subparsers)` function in its own `cli` module. Handlers are
-given as "module:function" strings and imported only when their command runs, so `agentstream
---help` never imports torch, faust, chdb or anthropic.
-
-This module owns argument parsing, environment fallbacks and logging set-up; it does no work itself.
+Every option falls back to an `AGENTSTREAM_*` environment variable, named in its help and read when
+the command line is parsed (`apply_env_defaults`), never at import time. Options of a config
+dataclass are generated from its fields by `infra.cli.configs`; this module holds the mechanics.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import logging
 import os
-import sys
-from collections.abc import Sequence
-
-# Modules that contribute subcommands. Each has `register(subparsers) -> None`.
-COMMAND_MODULES = (
-    "schemas.cli",
-    "infra.broker.cli",
-    "infra.clickhouse.cli",
-    "infra.bench.cli",
-    "infra.stack_cli",
-    "producers.cli",
-    "producers.adapters.cli",
-    "streams.cli",
-    "streams.judge.cli",
-    "consumers.cli",
-    "consumers.trainer.cli",
-)
+from collections.abc import Callable
 
 ENV_PREFIX = "AGENTSTREAM_"
 
@@ -77,7 +57,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--log-level", default="INFO", help="logging level")
 
 
-def _apply_env_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def apply_env_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Fill every option the user did not give from its environment variable, if set."""
     for action in _all_actions(parser, args):
         if not isinstance(action, EnvDefault):
@@ -109,20 +89,10 @@ def _chosen_commands(args: argparse.Namespace) -> set[str]:
     return {value for key, value in vars(args).items() if key.startswith("_command") and value}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="agentstream",
-        description="agentstream: agent telemetry, online rewards and training data on Kafka + ClickHouse.",
-        epilog="Every option falls back to the AGENTSTREAM_* environment variable named in its help.",
-    )
-    sub = parser.add_subparsers(dest="_command", metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).register(sub)
-    return parser
-
-
-def command_parser(sub, name: str, handler: str, help: str, common: bool = True) -> argparse.ArgumentParser:
-    """Create a subcommand whose handler ("module:function") is imported only when it runs."""
+def command_parser(
+    sub, name: str, handler: Callable[[argparse.Namespace], int | None], help: str, common: bool = True
+) -> argparse.ArgumentParser:
+    """Create a subcommand run by `handler(args)`; handlers import heavy modules inside themselves."""
     parser = sub.add_parser(name, help=help, description=help)
     if common:
         add_common_options(parser)
@@ -136,50 +106,3 @@ def group_parser(sub, name: str, help: str):
     return parser.add_subparsers(
         dest=f"_command_{name.replace('-', '_')}", metavar="SUBCOMMAND", required=True
     )
-
-
-# Client libraries that narrate every connection at INFO; they speak up at WARNING unless asked (DEBUG).
-_CHATTY_LOGGERS = ("kafka", "aiokafka", "faust", "mode", "urllib3", "httpx", "chdb")
-
-
-def _configure_logging(level: str) -> None:
-    numeric = getattr(logging, str(level).upper(), logging.INFO)
-    logging.basicConfig(
-        level=numeric, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    if numeric > logging.DEBUG:
-        for name in _CHATTY_LOGGERS:
-            logging.getLogger(name).setLevel(max(numeric, logging.WARNING))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _apply_env_defaults(parser, args)
-    handler = getattr(args, "_handler", None)
-    if handler is None:
-        parser.print_help()
-        return 2
-    _configure_logging(getattr(args, "log_level", "INFO") or "INFO")
-    module_name, func_name = handler.split(":")
-    func = getattr(importlib.import_module(module_name), func_name)
-    try:
-        result = func(args)
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:
-        from schemas.errors import AgentstreamError
-
-        if isinstance(exc, AgentstreamError):
-            print(f"agentstream: error: {exc}", file=sys.stderr)
-            return 1
-        raise
-    return int(result or 0)
-
-
-if __name__ == "__main__":
-    # `python -m infra.cli` runs this file as __main__; the command modules import `infra.cli`, a
-    # second copy with its own EnvDefault class. Run that copy so isinstance checks agree.
-    from infra.cli import main as _main
-
-    sys.exit(_main())
