@@ -19,7 +19,7 @@ from functools import partial
 from schemas.codec import encode, encode_key
 from schemas.events import EventBase
 from schemas.topics import topic_for
-from streams.app import EXIT_REPLAY, WorkerConfig
+from streams.config import EXIT_REPLAY, WorkerConfig
 from streams.dlq import send_dead_letters
 from streams.offsets import OffsetContinuity, OffsetGap
 from streams.processors import BatchResult, Record, RuleRewarder, TrajectoryAssembler

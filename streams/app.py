@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import importlib
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from schemas.errors import AgentstreamError
-from schemas.topics import AGENT_EVENTS, TOPICS
+from streams.config import ROLES, WorkerConfig, WorkerConfigError
 
 log = logging.getLogger(__name__)
 
@@ -31,51 +28,7 @@ ROLE_REGISTRARS = {
     "assembler": "streams.agents:register_assembler",
     "judge": "streams.judge.agent:register_judge_agents",
 }
-DEFAULT_ROLES = ("rules", "assembler")
-# A role exits with this code to be consumed again from its committed offsets (a batch failed, or
-# records were never received); `agentstream worker` restarts it, other codes stop the worker.
-EXIT_REPLAY = 70
-
-
-class WorkerConfigError(AgentstreamError):
-    """A worker option is invalid."""
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """Everything a stream worker needs, read once from the command line / environment."""
-
-    bootstrap_servers: str
-    data_dir: Path = Path(".agentstream")
-    roles: tuple[str, ...] = DEFAULT_ROLES
-    profiles_path: Path | None = None
-    judge_rules_path: Path | None = None
-    grace_seconds: float = 120.0
-    batch_max: int = 10_000
-    batch_within_s: float = 0.1
-    timer_interval_s: float = 1.0
-    session_timeout_s: float = 10.0  # a killed worker's partitions move on after this long
-    partitions: int = TOPICS[AGENT_EVENTS].partitions  # of the source topics = of the state tables
-    reward_version: str = "rules-1"
-    app_prefix: str = "agentstream"
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self):
-        unknown = [r for r in self.roles if r not in ROLE_REGISTRARS]
-        if unknown or not self.roles:
-            raise WorkerConfigError(
-                f"--roles: unknown role(s) {unknown or self.roles!r} (known: {sorted(ROLE_REGISTRARS)})"
-            )
-        if self.grace_seconds <= 0:
-            raise WorkerConfigError(f"--grace-seconds: must be > 0, got {self.grace_seconds!r}")
-        if self.batch_max < 1 or self.batch_within_s <= 0:
-            raise WorkerConfigError(
-                "--batch-max / --batch-within: must be positive, "
-                f"got {self.batch_max!r} / {self.batch_within_s!r}"
-            )
-
-    def app_id(self, role: str) -> str:
-        return f"{self.app_prefix}-{role}"
+assert set(ROLE_REGISTRARS) == set(ROLES)
 
 
 def import_faust():

@@ -14,12 +14,11 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from clients.kafka import ensure_topics
 from schemas import topics
-from schemas.settings import Settings
-from streams.app import EXIT_REPLAY, WorkerConfig, WorkerConfigError, create_app, import_faust
+from streams.app import create_app, import_faust
+from streams.config import EXIT_REPLAY, WorkerConfig, WorkerConfigError
 
 log = logging.getLogger(__name__)
 CHILD_STOP_GRACE_S = 10.0
@@ -27,25 +26,7 @@ REPLAY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # consecutive quick replay 
 STEADY_AFTER_S = 60.0  # a role that ran this long before exiting starts the backoff again
 
 
-def config_from_args(args) -> WorkerConfig:
-    """The worker's settings, read once from the parsed command line (which fell back to env vars)."""
-    settings = Settings.from_args(args)
-    roles = tuple(r.strip() for r in str(args.roles).split(",") if r.strip())
-    return WorkerConfig(
-        bootstrap_servers=settings.bootstrap_servers,
-        data_dir=Path(settings.data_dir),
-        roles=roles,
-        profiles_path=Path(args.profiles) if args.profiles else None,
-        judge_rules_path=Path(args.judge_rules) if args.judge_rules else None,
-        grace_seconds=float(args.grace_seconds),
-        batch_max=int(args.batch_max),
-        batch_within_s=float(args.batch_within),
-        reward_version=args.reward_version,
-    )
-
-
-def main(args) -> int:
-    config = config_from_args(args)
+def main(config: WorkerConfig, args) -> int:
     ensure_topics(config.bootstrap_servers)
     config = replace(config, partitions=source_partitions(config.bootstrap_servers))
     if len(config.roles) == 1:
@@ -97,11 +78,11 @@ _FORWARDED = [
     ("--clickhouse-url", "clickhouse_url"),
     ("--data-dir", "data_dir"),
     ("--log-level", "log_level"),
-    ("--profiles", "profiles"),
-    ("--judge-rules", "judge_rules"),
+    ("--profiles", "profiles_path"),
+    ("--judge-rules", "judge_rules_path"),
     ("--grace-seconds", "grace_seconds"),
     ("--batch-max", "batch_max"),
-    ("--batch-within", "batch_within"),
+    ("--batch-within", "batch_within_s"),
     ("--reward-version", "reward_version"),
 ]
 

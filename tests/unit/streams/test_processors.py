@@ -7,7 +7,7 @@ import pytest
 
 from schemas import topics
 from schemas.codec import encode
-from streams.app import WorkerConfig, WorkerConfigError
+from streams.config import WorkerConfig, WorkerConfigError
 from streams.processors import Record, RuleRewarder, TrajectoryAssembler
 from streams.rules.profiles import ProfileRegistry
 from tests.support.streams_events import T0, judge_steps, trajectory

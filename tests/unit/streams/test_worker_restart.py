@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from streams.app import EXIT_REPLAY
+from streams.config import EXIT_REPLAY
 from streams.worker import _RoleChild
 from tests.support.processes import wait_for
 

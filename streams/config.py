@@ -1,0 +1,91 @@
+"""The stream worker's settings: one documented field per option (`agentstream worker` is generated
+from `WorkerConfig`; adding a worker option is adding a field here).
+
+Read once by the CLI and passed down; nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schemas.errors import AgentstreamError
+from schemas.settings import DEFAULT_BOOTSTRAP
+from schemas.topics import AGENT_EVENTS, TOPICS
+
+ROLES = ("rules", "assembler", "judge")
+DEFAULT_ROLES = ("rules", "assembler")
+# A role exits with this code to be consumed again from its committed offsets (a batch failed, or
+# records were never received); `agentstream worker` restarts it, other codes stop the worker.
+EXIT_REPLAY = 70
+
+
+class WorkerConfigError(AgentstreamError):
+    """A worker option is invalid."""
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a stream worker needs, read once from the command line / environment."""
+
+    bootstrap_servers: str = DEFAULT_BOOTSTRAP
+    data_dir: Path = Path(".agentstream")
+    roles: tuple[str, ...] = field(
+        default=DEFAULT_ROLES,
+        metadata={
+            "help": "comma-separated roles: rules, assembler, judge (one faust app and consumer group each)"
+        },
+    )
+    profiles_path: Path | None = field(
+        default=None,
+        metadata={
+            "flag": "--profiles",
+            "env": "AGENTSTREAM_PROFILES",
+            "help": "JSON/YAML file with extra or overriding domain profiles",
+        },
+    )
+    judge_rules_path: Path | None = field(
+        default=None,
+        metadata={
+            "flag": "--judge-rules",
+            "env": "AGENTSTREAM_JUDGE_RULES_PATH",
+            "help": "judge rules file: trajectories it selects wait for judge scores in the assembler",
+        },
+    )
+    grace_seconds: float = field(
+        default=120.0,
+        metadata={"help": "assembler: emit an incomplete trajectory after this long without new input"},
+    )
+    batch_max: int = field(default=10_000, metadata={"help": "events taken from the stream per batch"})
+    batch_within_s: float = field(
+        default=0.1,
+        metadata={
+            "flag": "--batch-within",
+            "env": "AGENTSTREAM_BATCH_WITHIN",
+            "help": "seconds to wait to fill a batch",
+        },
+    )
+    reward_version: str = field(default="rules-1", metadata={"help": "version stamped on rule rewards"})
+    timer_interval_s: float = 1.0
+    session_timeout_s: float = 10.0  # a killed worker's partitions move on after this long
+    partitions: int = TOPICS[AGENT_EVENTS].partitions  # of the source topics = of the state tables
+    app_prefix: str = "agentstream"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        unknown = [r for r in self.roles if r not in ROLES]
+        if unknown or not self.roles:
+            raise WorkerConfigError(
+                f"--roles: unknown role(s) {unknown or self.roles!r} (known: {list(ROLES)})"
+            )
+        if self.grace_seconds <= 0:
+            raise WorkerConfigError(f"--grace-seconds: must be > 0, got {self.grace_seconds!r}")
+        if self.batch_max < 1 or self.batch_within_s <= 0:
+            raise WorkerConfigError(
+                "--batch-max / --batch-within: must be positive, "
+                f"got {self.batch_max!r} / {self.batch_within_s!r}"
+            )
+
+    def app_id(self, role: str) -> str:
+        return f"{self.app_prefix}-{role}"
