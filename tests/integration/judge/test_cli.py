@@ -9,11 +9,11 @@ import subprocess
 import pytest
 
 from clients.kafka import ensure_topics
+from infra.commands.judge import _publish, read_topics
 from schemas.events import EpisodeStarted, JudgeTrajectory
 from schemas.topics import FEEDBACK_HUMAN
 from streams.judge.annotations import annotation_event, pair_scores
 from streams.judge.calibration import CalibrationMap
-from infra.commands.judge import _publish, read_topics
 from tests.support.processes import AGENTSTREAM, wait_for
 
 T0 = "2026-11-21T10:00:00Z"

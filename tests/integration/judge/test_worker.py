@@ -144,9 +144,9 @@ def test_assembled_trajectories_carry_judge_scores_and_a_published_calibration(b
     """rules + assembler + judge workers: the assembler waits for the judge on selected trajectories,
     and after `calibration.updated` arrives its totals use the calibrated judge score and name the
     map's version."""
+    from infra.commands.judge import _publish, calibration_event
     from schemas.topics import TRAJECTORY_SCORED
     from streams.judge.calibration import fit_calibration
-    from infra.commands.judge import _publish, calibration_event
 
     rules = tmp_path / "rules.yaml"
     rules.write_text("rules:\n  - name: all\n    mode: trajectory\n")
