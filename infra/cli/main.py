@@ -76,4 +76,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AgentstreamError as exc:
         output.error(str(exc))
         return 1
+    except OSError as exc:  # a path or a port the user named; the message names it
+        output.error(f"{type(exc).__name__}: {exc}")
+        return 1
+    except Exception as exc:
+        if not _is_kafka_error(exc):
+            raise  # a bug: the traceback is what a report needs
+        output.error(f"Kafka: {type(exc).__name__}: {exc} (check --bootstrap-servers)")
+        return 1
     return int(result or 0)
+
+
+def _is_kafka_error(exc: Exception) -> bool:
+    module = type(exc).__module__
+    return module.startswith(("kafka.", "aiokafka."))

@@ -103,3 +103,14 @@ def test_config_to_argv_rebuilds_the_same_config_in_a_child():
     argv = config_to_argv(config)
     assert config_from_args(Example, parse(argv)) == config
     assert config_to_argv(Example()) == []  # defaults are not repeated
+
+
+def test_a_bad_path_is_a_one_line_error_naming_it(tmp_path, capsys):
+    from infra.cli import main
+
+    (tmp_path / "f.txt").write_text("a file, not a directory")
+    code = main(["schema", "export", str(tmp_path / "f.txt" / "sub")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("agentstream: error: ") and err.count("\n") == 1, err
+    assert "f.txt" in err and "Traceback" not in err
