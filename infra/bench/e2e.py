@@ -26,11 +26,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> dict:
-    from infra.stack import Supervisor, embedded_config
+    from infra.stack import StackSupervisor, embedded_config
 
     data_dir = Path(tempfile.mkdtemp(prefix="agentstream-e2e-"))
     config = embedded_config(data_dir)
-    supervisor = Supervisor(config, on_event=lambda m: print(f"[e2e] {m}", flush=True))
+    supervisor = StackSupervisor(config, on_event=lambda m: print(f"[e2e] {m}", flush=True))
     supervisor.start()
     levels, samples = [], {}
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from infra.cli import output
 from infra.cli.options import add_option, command_parser
 from infra.demo.run import demo_command
 
@@ -9,7 +10,13 @@ from infra.demo.run import demo_command
 def register(sub) -> None:
     up = command_parser(sub, "up", up_command, "start and supervise the embedded stack")
     add_option(up, "--broker-port", type=int, default=19092, help="embedded broker port")
-    add_option(up, "--workers", type=int, default=1, help="stream worker processes (rules + assembler)")
+    add_option(
+        up,
+        "--workers",
+        type=int,
+        default=1,
+        help="worker slots: one process per role (rules, assembler) each",
+    )
     add_option(up, "--judge", action="store_true", default=False, help="also run the LLM judge worker")
     add_option(up, "--gateway", action="store_true", default=False, help="also run the HTTP gateway")
     add_option(up, "--gateway-port", type=int, default=8080, help="gateway port")
@@ -58,37 +65,36 @@ def _stack_config(args):
 
 
 def up_command(args) -> int:
+    """Run the stack until SIGTERM or SIGINT (Ctrl-C), then stop it all in reverse start order."""
     from dataclasses import replace
 
-    from infra.stack import Supervisor
+    from infra.stack import StackSupervisor
 
     config = _stack_config(args)
     containers = None
     if args.engine == "docker":
         from infra.docker_engine import start_docker_stack
 
-        print("[up] starting Apache Kafka and ClickHouse containers...", flush=True)
+        output.say("[up] starting Apache Kafka and ClickHouse containers...")
         containers = start_docker_stack()
         config = replace(
             config, bootstrap_servers=containers.bootstrap_servers, clickhouse_url=containers.clickhouse_url
         )
-    supervisor = Supervisor(config, on_event=lambda message: print(f"[up] {message}", flush=True))
-    print(
-        f"[up] starting stack in {config.data_dir.resolve()} (logs in {config.data_dir / 'logs'})", flush=True
-    )
+    supervisor = StackSupervisor(config, on_event=_announce)
+    output.say(f"[up] starting stack in {config.data_dir.resolve()} (logs in {config.data_dir / 'logs'})")
+    names = ", ".join(supervisor.running)
+    ready = f"running: {names}; Kafka at {config.bootstrap_servers}; Ctrl-C or SIGTERM stops"
     try:
-        supervisor.start()
-        names = ", ".join(supervisor.running)
-        print(f"[up] running: {names}; Kafka at {config.bootstrap_servers}; Ctrl-C stops", flush=True)
-        supervisor.run_forever()
-    except KeyboardInterrupt:
-        print("\n[up] stopping...", flush=True)
+        supervisor.run(on_ready=lambda: _announce(ready))
     finally:
-        supervisor.stop()
         if containers is not None:
             containers.stop()
-        print("[up] stopped", flush=True)
+        output.say("[up] stopped")
     return 0
+
+
+def _announce(message: str) -> None:
+    output.say(f"[up] {message}")
 
 
 def status_command(args) -> int:
@@ -107,16 +113,16 @@ def status_command(args) -> int:
             {"component": name, "pid": c["pid"], "alive": _alive(c["pid"]), "restarts": c["restarts"]}
             for name, c in state["components"].items()
         ]
-        print(format_table(rows), end="\n\n")
+        output.say(format_table(rows) + "\n")
     status = collect(bootstrap, sample_s=args.sample_seconds)
     topics = [
         {"topic": t, "records": n, "records/s": round(status.rates.get(t, 0.0), 1)}
         for t, n in sorted(status.end_offsets.items())
     ]
-    print(format_table(topics), end="\n\n")
+    output.say(format_table(topics) + "\n")
     lags = [{"consumer group": g.group, "topics": ",".join(g.topics), "lag": g.lag} for g in status.groups]
-    print(format_table(lags), end="\n\n")
-    print(f"dead letters: {status.dlq_count}")
+    output.say(format_table(lags) + "\n")
+    output.say(f"dead letters: {status.dlq_count}")
     return 0
 
 

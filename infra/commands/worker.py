@@ -1,16 +1,22 @@
 """`agentstream worker`: run stream processors (rule rewards, trajectory assembler, judge).
 
 Its options are generated from `streams.config.WorkerConfig`: adding a worker option is adding a
-documented field there.
+documented field there. One role runs in this process; several run as one child process per role
+under `infra.supervisor.Supervisor` (the one `agentstream up` uses), each child given the same
+options by `config_to_argv`.
 """
 
 from __future__ import annotations
 
-from infra.cli.configs import add_config_options, config_from_args
+import logging
+from dataclasses import replace
+
+from infra.cli.configs import add_config_options, config_from_args, config_to_argv
 from infra.cli.options import command_parser
 from schemas.settings import Settings
-from streams import worker
 from streams.config import WorkerConfig
+
+log = logging.getLogger(__name__)
 
 
 def register(sub) -> None:
@@ -29,4 +35,29 @@ def run_worker(args) -> int:
     config = config_from_args(
         WorkerConfig, args, bootstrap_servers=settings.bootstrap_servers, data_dir=settings.data_dir
     )
-    return worker.main(config, args)
+    if len(config.roles) == 1:
+        from streams import worker
+
+        return worker.main(config, args.log_level)
+    return supervise_roles(config, log_level=args.log_level, clickhouse_url=args.clickhouse_url)
+
+
+def supervise_roles(config: WorkerConfig, log_level: str = "INFO", clickhouse_url: str | None = None) -> int:
+    """One child per role. A role that exits with EXIT_REPLAY is restarted (with backoff); any other
+    exit stops them all and returns 1; SIGTERM / SIGINT stop them all and return 0."""
+    from infra.supervisor import Component, Supervisor
+
+    children = [
+        Component(role, ("worker", *config_to_argv(replace(config, roles=(role,)))), restart="replay")
+        for role in config.roles
+    ]
+    # the settings every command shares are not worker options: the children read them from the env
+    env = {
+        "AGENTSTREAM_BOOTSTRAP_SERVERS": config.bootstrap_servers,
+        "AGENTSTREAM_DATA_DIR": str(config.data_dir),
+        "AGENTSTREAM_LOG_LEVEL": str(log_level),
+    }
+    if clickhouse_url:
+        env["AGENTSTREAM_CLICKHOUSE_URL"] = clickhouse_url
+    supervisor = Supervisor(children, env=env, on_event=lambda message: log.warning("worker: %s", message))
+    return supervisor.run()

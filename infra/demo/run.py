@@ -16,7 +16,7 @@ from infra.demo import sim
 
 
 def demo_command(args) -> int:
-    from infra.stack import Supervisor, embedded_config
+    from infra.stack import StackSupervisor, embedded_config
     from schemas.settings import Settings
 
     started = time.monotonic()
@@ -27,7 +27,7 @@ def demo_command(args) -> int:
     # The demo's GRPO groups are `group_size` rollouts of one task; the trainer flushes every 2 s.
     trainer_args = ("--group-size", str(args.group_size), "--flush-interval-s", "2")
     config = embedded_config(data_dir, trainer_args=trainer_args)
-    supervisor = Supervisor(config, on_event=lambda message: print(f"[demo] {message}", flush=True))
+    supervisor = StackSupervisor(config, on_event=lambda message: print(f"[demo] {message}", flush=True))
     print(
         f"[demo] starting the embedded stack in {data_dir} (broker on {config.bootstrap_servers})", flush=True
     )

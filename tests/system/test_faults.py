@@ -1,4 +1,4 @@
-"""Fault tests of the whole system: during load, kill -9 each component in turn (broker, worker, sink,
+"""Fault tests of the whole system: during load, kill -9 each component in turn (broker, each role, sink,
 trainer, gateway); the supervisor restarts it. Afterwards every acknowledged step is in ClickHouse
 exactly once (deduplicated views), every ended episode has one current `trajectory.scored`, and no
 trajectory is in two batches of the same kind.
@@ -22,12 +22,12 @@ import pytest
 
 from infra.demo import sim
 from infra.demo.run import record_rollout
-from infra.stack import Supervisor, embedded_config
+from infra.stack import StackSupervisor, embedded_config
 from schemas import EpisodeEnded, EpisodeStarted, StepRecorded, derived_event_id, encode, utc_now
 from tests.support.processes import free_port, wait_for
 
 API_KEY = "fault-test-key"
-KILL_ORDER = ("broker", "worker", "sink", "trainer", "gateway")
+KILL_ORDER = ("broker", "rules", "assembler", "sink", "trainer", "gateway")
 
 
 class Stack:
@@ -40,7 +40,7 @@ class Stack:
             extra_env={"AGENTSTREAM_GATEWAY_API_KEY_HASHES": hashlib.sha256(API_KEY.encode()).hexdigest()},
         )
         self.events: list[str] = []
-        self.supervisor = Supervisor(self.config, on_event=self.events.append)
+        self.supervisor = StackSupervisor(self.config, on_event=self.events.append)
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, daemon=True)
 
