@@ -11,14 +11,14 @@ import time
 from dataclasses import dataclass
 
 from infra.stack import free_port
-from schemas.errors import AgentstreamError
+from infra.errors import InfraError
 
 KAFKA_IMAGE = "apache/kafka:4.1.0"
 CLICKHOUSE_IMAGE = "clickhouse/clickhouse-server:24.8"
 LABEL = "dev.agentstream.stack"
 
 
-class DockerUnavailable(AgentstreamError):
+class DockerUnavailable(InfraError):
     """No Docker engine is reachable (the message says why)."""
 
 

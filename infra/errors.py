@@ -2,13 +2,13 @@
 
     AgentstreamError (schemas.errors)
     └── InfraError
-        ├── StackError            `agentstream up`: a component failed to start or stopped
-        ├── DockerUnavailable     the docker path without a reachable engine
-        ├── TopicAdminError       `agentstream topics ...`
-        ├── ClickHouseCommandError `agentstream sql|leaderboard|trajectory|db ...`
-        └── BrokerError           the embedded broker (infra/broker/errors.py has its subtree)
+        ├── StackError            infra/supervisor.py: a supervised component failed to start
+        ├── DockerUnavailable     infra/docker_engine.py: the docker path without a reachable engine
+        ├── TopicAdminError       infra/broker/topics_cli.py: `agentstream topics ...`
+        └── BrokerError           infra/broker/errors.py: the embedded broker (its subtree is there)
 
-Every message names the option or file and the value received; the CLI prints it as one line.
+ClickHouse commands raise `clients.clickhouse.ClickHouseError` (the ground floor's root). Every
+message names the option or file and the value received; the CLI prints it as one line.
 """
 
 from __future__ import annotations

@@ -1,16 +1,38 @@
-"""Exceptions of the embedded broker (`infra.broker`).
+"""Exceptions of the embedded broker (`infra.broker`), httpx style: the tree, then the classes.
 
-`BrokerStorageError` is the root for the storage layer (log, store, records); the network layer may
-add its own classes below (append only). Each class names the Kafka error it maps to, so the protocol
-handlers can translate without guessing. Messages name the field and the value received.
+    InfraError (infra.errors)
+    └── BrokerError
+        ├── BrokerStorageError            storage layer (log, store, records)
+        │   ├── InvalidRecordError
+        │   │   └── CorruptRecordError
+        │   ├── OutOfOrderSequenceError
+        │   ├── InvalidProducerEpochError
+        │   ├── OffsetOutOfRangeError
+        │   ├── InvalidConfigError
+        │   ├── TopicExistsError
+        │   ├── InvalidTopicError
+        │   ├── InvalidPartitionsError
+        │   ├── UnknownTopicError
+        │   │   └── UnknownPartitionError
+        │   ├── StorageIOError
+        │   └── RecordTooLargeError
+        └── BrokerProtocolError           network layer (server, protocol, handlers)
+            └── MalformedRequestError
+
+Each storage class names the Kafka error it maps to, so the protocol handlers can translate without
+guessing. Messages name the field and the value received.
 """
 
 from __future__ import annotations
 
-from schemas.errors import AgentstreamError
+from infra.errors import InfraError
 
 
-class BrokerStorageError(AgentstreamError):
+class BrokerError(InfraError):
+    """Root of the embedded broker's errors."""
+
+
+class BrokerStorageError(BrokerError):
     """Root of every error raised by the broker's storage layer (Kafka: UNKNOWN_SERVER_ERROR, -1)."""
 
 
@@ -65,7 +87,7 @@ class StorageIOError(BrokerStorageError):
 # -- network layer (server, protocol, handlers) ---------------------------------------------------
 
 
-class BrokerProtocolError(AgentstreamError):
+class BrokerProtocolError(BrokerError):
     """Root of the network layer's errors: a client sent something the broker cannot serve."""
 
 

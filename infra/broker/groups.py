@@ -8,105 +8,31 @@ chosen; the leader computes the assignment and hands it over in SyncGroup, where
 it. Members that stop heartbeating for their session timeout are evicted and trigger a rebalance.
 
 This module owns in-memory group state only. Committed offsets are stored by the caller (see
-handlers_groups.py); nothing here touches the disk or the network.
+handlers_groups.py); nothing here touches the disk or the network. The values it works on
+(groups, members, join and sync answers) and their JSON snapshot form are in group_state.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from infra.broker.group_state import (
+    Group,
+    GroupState,
+    JoinRequest,
+    JoinResult,
+    Member,
+    SyncResult,
+    group_from_record,
+    group_record,
+)
 from infra.broker.protocol import ErrorCode
 
 log = logging.getLogger(__name__)
-
-
-class GroupState(enum.Enum):
-    EMPTY = "Empty"
-    PREPARING_REBALANCE = "PreparingRebalance"
-    COMPLETING_REBALANCE = "CompletingRebalance"
-    STABLE = "Stable"
-    DEAD = "Dead"
-
-
-@dataclass
-class JoinRequest:
-    """What a JoinGroup carries, independent of its wire version."""
-
-    group_id: str
-    member_id: str
-    client_id: str
-    client_host: str
-    protocol_type: str
-    protocols: list[tuple[str, bytes]]
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    group_instance_id: str | None = None
-    requires_known_member_id: bool = True  # JoinGroup v4+ (KIP-394)
-
-
-@dataclass
-class JoinResult:
-    error: int
-    member_id: str
-    generation: int = -1
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    leader: str = ""
-    # only for the leader: (member_id, group_instance_id, metadata) of every member
-    members: list[tuple[str, str | None, bytes]] = field(default_factory=list)
-
-
-@dataclass
-class SyncResult:
-    error: int
-    assignment: bytes = b""
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-
-
-@dataclass
-class Member:
-    member_id: str
-    client_id: str
-    client_host: str
-    group_instance_id: str | None
-    protocol_type: str
-    protocols: list[tuple[str, bytes]]
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    assignment: bytes = b""
-    last_heartbeat: float = field(default_factory=time.monotonic)
-    join_future: asyncio.Future | None = None
-    sync_future: asyncio.Future | None = None
-
-    def metadata_for(self, protocol: str | None) -> bytes:
-        return dict(self.protocols).get(protocol, b"")
-
-    def awaiting_join(self) -> bool:
-        return self.join_future is not None and not self.join_future.done()
-
-
-@dataclass
-class Group:
-    group_id: str
-    state: GroupState = GroupState.EMPTY
-    generation: int = 0
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    leader_id: str | None = None
-    members: dict[str, Member] = field(default_factory=dict)
-    pending: dict[str, float] = field(default_factory=dict)  # member id -> deadline (monotonic)
-    rebalance_epoch: int = 0
-    join_not_before: float = 0.0
-
-    def supported_protocols(self) -> set[str]:
-        names = [{name for name, _ in m.protocols} for m in self.members.values()]
-        return set.intersection(*names) if names else set()
 
 
 @dataclass(frozen=True)
@@ -134,12 +60,12 @@ class GroupCoordinator:
 
         Kafka keeps this in `__consumer_offsets`; restoring it after a broker restart lets consumers
         carry on heartbeating with their generation instead of all rebalancing at once."""
-        return {gid: _group_record(g) for gid, g in self.groups.items() if g.state is GroupState.STABLE}
+        return {gid: group_record(g) for gid, g in self.groups.items() if g.state is GroupState.STABLE}
 
     def restore(self, snapshot: dict) -> int:
         """Load `snapshot()` data; members get a fresh session (dead ones expire as usual)."""
         for gid, record in snapshot.items():
-            self.groups[gid] = _group_from_record(gid, record)
+            self.groups[gid] = group_from_record(gid, record)
         return len(snapshot)
 
     def _membership_changed(self) -> None:
@@ -448,58 +374,3 @@ class GroupCoordinator:
 
     def describe(self, group_id: str) -> Group | None:
         return self.groups.get(group_id)
-
-
-def _group_record(group: Group) -> dict:
-    import base64
-
-    def b64(data: bytes) -> str:
-        return base64.b64encode(data).decode("ascii")
-
-    return {
-        "generation": group.generation,
-        "protocol_type": group.protocol_type,
-        "protocol_name": group.protocol_name,
-        "leader_id": group.leader_id,
-        "members": [
-            {
-                "member_id": m.member_id,
-                "client_id": m.client_id,
-                "client_host": m.client_host,
-                "group_instance_id": m.group_instance_id,
-                "protocol_type": m.protocol_type,
-                "protocols": [[name, b64(meta)] for name, meta in m.protocols],
-                "session_timeout_ms": m.session_timeout_ms,
-                "rebalance_timeout_ms": m.rebalance_timeout_ms,
-                "assignment": b64(m.assignment),
-            }
-            for m in group.members.values()
-        ],
-    }
-
-
-def _group_from_record(group_id: str, record: dict) -> Group:
-    import base64
-
-    members = {}
-    for m in record["members"]:
-        members[m["member_id"]] = Member(
-            member_id=m["member_id"],
-            client_id=m["client_id"],
-            client_host=m["client_host"],
-            group_instance_id=m["group_instance_id"],
-            protocol_type=m["protocol_type"],
-            protocols=[(name, base64.b64decode(meta)) for name, meta in m["protocols"]],
-            session_timeout_ms=m["session_timeout_ms"],
-            rebalance_timeout_ms=m["rebalance_timeout_ms"],
-            assignment=base64.b64decode(m["assignment"]),
-        )
-    return Group(
-        group_id,
-        state=GroupState.STABLE,
-        generation=record["generation"],
-        protocol_type=record["protocol_type"],
-        protocol_name=record["protocol_name"],
-        leader_id=record["leader_id"],
-        members=members,
-    )

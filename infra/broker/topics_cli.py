@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import logging
 
-from schemas.errors import AgentstreamError
+from infra.errors import InfraError
 from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-class TopicAdminError(AgentstreamError):
+class TopicAdminError(InfraError):
     """A topic command that the cluster refused or could not reach."""
 
 
