@@ -55,11 +55,11 @@ def config_from_args(cls: type[C], args: argparse.Namespace, prefix: str = "", *
     """Build `cls` from parsed options (which already fell back to the environment).
 
     Options left unset keep the field's default; `given` overrides both (values the command computes)."""
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = dict(given)  # also fields that are not options (computed ones)
     for spec, hint in _fields(cls):
         if spec.name in given:
-            values[spec.name] = given[spec.name]
-        elif _is_config(hint):
+            continue
+        if _is_config(hint):
             values[spec.name] = config_from_args(hint, args, prefix + spec.metadata.get("prefix", ""))
         else:
             raw = getattr(args, _dest(spec, prefix), None)
