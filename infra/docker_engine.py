@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from infra.stack import free_port
 from infra.errors import InfraError
+from infra.stack import free_port
 
 KAFKA_IMAGE = "apache/kafka:4.1.0"
 CLICKHOUSE_IMAGE = "clickhouse/clickhouse-server:24.8"
@@ -116,7 +116,7 @@ def _wait_kafka(bootstrap: str, timeout_s: float) -> None:
             return
         except Exception as exc:
             if time.monotonic() > deadline:
-                raise AgentstreamError(
+                raise InfraError(
                     f"Kafka at {bootstrap} not ready after {timeout_s:.0f}s: {exc}"
                 ) from exc
             time.sleep(1)
@@ -132,7 +132,7 @@ def _wait_http(url: str, timeout_s: float) -> None:
                 return
         except Exception as exc:
             if time.monotonic() > deadline:
-                raise AgentstreamError(
+                raise InfraError(
                     f"ClickHouse at {url} not ready after {timeout_s:.0f}s: {exc}"
                 ) from exc
             time.sleep(1)

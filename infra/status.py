@@ -56,11 +56,11 @@ def _partitions(consumer):
 
 
 def _group_ids(admin) -> list[str]:
-    return sorted(g[0] if isinstance(g, tuple) else g.group_id for g in admin.list_consumer_groups())
+    return sorted(g["group_id"] for g in admin.list_groups())  # kafka-python 3: dicts
 
 
 def _group_lag(admin, group: str, ends: dict) -> GroupLag | None:
-    committed = admin.list_consumer_group_offsets(group)
+    committed = admin.list_group_offsets(group).get(group, {})
     relevant = {tp: meta.offset for tp, meta in committed.items() if tp in ends and meta.offset >= 0}
     if not relevant:
         return None

@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from infra.cli.output import say
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--rates", default="1000", help="offered steps/s, comma-separated (one run each)")
@@ -30,7 +32,7 @@ def run(args) -> dict:
 
     data_dir = Path(tempfile.mkdtemp(prefix="agentstream-e2e-"))
     config = embedded_config(data_dir)
-    supervisor = StackSupervisor(config, on_event=lambda m: print(f"[e2e] {m}", flush=True))
+    supervisor = StackSupervisor(config, on_event=lambda m: say(f"[e2e] {m}"))
     supervisor.start()
     levels, samples = [], {}
     try:
@@ -51,7 +53,7 @@ def _run_level(config, supervisor, rate: float, args) -> tuple[dict, dict]:
     from infra.bench.load import LoadSpec, drive
 
     label = f"r{int(rate)}-{int(time.time())}"
-    print(f"[e2e] offering {rate:.0f} steps/s for {args.duration:.0f}s ({label})", flush=True)
+    say(f"[e2e] offering {rate:.0f} steps/s for {args.duration:.0f}s ({label})")
     load = drive(
         LoadSpec(
             config.bootstrap_servers,

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from infra.cli.output import lines, say
+
 
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
@@ -70,9 +72,8 @@ def write_report(name: str, result: dict, output: str | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {"benchmark": name, "machine": machine(), **result}
     path.write_text(json.dumps(document, indent=2, default=str))
-    print(f"\n## agentstream bench {name}\n")
-    print(format_table(result.get("rows", [])))
-    for note in result.get("notes", []):
-        print(f"- {note}")
-    print(f"\nJSON: {path}")
+    say(f"\n## agentstream bench {name}\n")
+    say(format_table(result.get("rows", [])))
+    lines(f"- {note}" for note in result.get("notes", []))
+    say(f"\nJSON: {path}")
     return path

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from infra.broker.group_state import (
     Group,
@@ -37,7 +37,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
-    initial_rebalance_delay_ms: int = 100
+    initial_rebalance_delay_ms: int = field(
+        default=100,
+        metadata={"help": "how long an empty group waits for more members before its first rebalance"},
+    )
     session_check_interval_ms: int = 250
     min_session_timeout_ms: int = 1_000
     max_session_timeout_ms: int = 1_800_000

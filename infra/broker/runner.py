@@ -12,7 +12,6 @@ import os
 import signal
 from pathlib import Path
 
-from infra.broker.groups import CoordinatorConfig
 from infra.broker.state import BrokerConfig, BrokerState
 
 log = logging.getLogger(__name__)
@@ -21,20 +20,12 @@ NEVER_MS = 2**62  # an interval no append reaches: flushing is left to the group
 
 
 def config_from_args(args) -> BrokerConfig:
-    """A `BrokerConfig` from parsed `agentstream broker` options."""
+    """A `BrokerConfig` from parsed `agentstream broker` options (generated from its fields)."""
+    from infra.cli import configs
     from schemas.settings import Settings
 
-    return BrokerConfig(
-        data_dir=broker_dir(Settings.from_args(args).data_dir),
-        host=args.host,
-        port=args.port,
-        flush=args.flush,
-        flush_interval_ms=args.flush_interval_ms,
-        default_partitions=args.default_partitions,
-        auto_create_topics=bool(args.auto_create_topics),
-        max_request_bytes=args.max_request_bytes,
-        retention_check_interval_ms=args.retention_check_interval_ms,
-        coordinator=CoordinatorConfig(initial_rebalance_delay_ms=args.initial_rebalance_delay_ms),
+    return configs.config_from_args(
+        BrokerConfig, args, data_dir=broker_dir(Settings.from_args(args).data_dir)
     )
 
 

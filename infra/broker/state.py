@@ -12,10 +12,12 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from infra.broker.durability import GroupCommit
 from infra.broker.groups import CoordinatorConfig, GroupCoordinator
 from infra.broker.protocol import LEAN_PROFILE
+from schemas.settings import DEFAULT_BROKER_HOST, DEFAULT_BROKER_PORT
 
 GROUPS_FILE = "groups.json"
 
@@ -28,18 +30,40 @@ DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.byte
 
 @dataclass(frozen=True)
 class BrokerConfig:
-    """Settings of one broker process (CLI options map onto these fields)."""
+    """Settings of one broker process; `agentstream broker`'s options are generated from the
+    documented fields (infra/cli/configs.py)."""
 
     data_dir: Path
-    host: str = "127.0.0.1"
-    port: int = 19092
-    flush: str = "always"  # "always": fsync before acknowledging; "interval": every flush_interval_ms
-    flush_interval_ms: int = 1000
-    default_partitions: int = 1
-    auto_create_topics: bool = True
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    retention_check_interval_ms: int = 5_000
-    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    host: str = field(
+        default=DEFAULT_BROKER_HOST, metadata={"help": "address to bind", "env": "AGENTSTREAM_BROKER_HOST"}
+    )
+    port: int = field(
+        default=DEFAULT_BROKER_PORT,
+        metadata={
+            "help": "port to listen on (0: a free port, see --ready-file)",
+            "env": "AGENTSTREAM_BROKER_PORT",
+        },
+    )
+    flush: Literal["always", "interval"] = field(
+        default="always",
+        metadata={
+            "help": "always: fsync before acknowledging a produce; interval: fsync every --flush-interval-ms"
+        },
+    )
+    flush_interval_ms: int = field(default=1000, metadata={"help": "fsync period with --flush interval"})
+    default_partitions: int = field(default=1, metadata={"help": "partitions of auto-created topics"})
+    auto_create_topics: bool = field(
+        default=True, metadata={"help": "create unknown topics on a Metadata request that allows it"}
+    )
+    max_request_bytes: int = field(
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        metadata={"help": "largest request frame accepted; larger frames close the connection"},
+    )
+    retention_check_interval_ms: int = field(
+        default=5_000,
+        metadata={"help": "how often old segments are checked against retention.ms / retention.bytes"},
+    )
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig, metadata={"prefix": ""})
     profile: dict[int, tuple[int, int]] = field(default_factory=lambda: dict(LEAN_PROFILE))
 
 

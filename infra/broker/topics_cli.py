@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from infra.cli import output
 from infra.errors import InfraError
 from schemas.settings import Settings
 
@@ -49,7 +50,9 @@ def create(args) -> int:
         from clients.kafka import ensure_topics
 
         created = ensure_topics(Settings.from_args(args).bootstrap_servers)
-        print(f"created {len(created)} registry topic(s)" + (": " + ", ".join(created) if created else ""))
+        output.say(
+            f"created {len(created)} registry topic(s)" + (": " + ", ".join(created) if created else "")
+        )
         return 0
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
@@ -60,9 +63,9 @@ def create(args) -> int:
         for name in args.names:
             try:
                 admin.create_topics([NewTopic(name, args.partitions, 1, topic_configs=configs)])
-                print(f"created {name} ({args.partitions} partition(s))")
+                output.say(f"created {name} ({args.partitions} partition(s))")
             except TopicAlreadyExistsError:
-                print(f"exists  {name}")
+                output.say(f"exists  {name}")
     finally:
         admin.close()
     return 0
@@ -72,7 +75,7 @@ def list_topics(args) -> int:
     admin = _admin(args)
     try:
         for name in sorted(admin.list_topics()):
-            print(name)
+            output.say(name)
     finally:
         admin.close()
     return 0
@@ -91,11 +94,11 @@ def describe(args) -> int:
                 raise TopicAdminError(f"topic {name!r}: not found")
             resource = ConfigResource(ConfigResourceType.TOPIC, name)
             configs = admin.describe_configs([resource], config_filter="all").get("topic", {}).get(name, {})
-            print(f"{name}  partitions={len(topic['partitions'])}")
+            output.say(f"{name}  partitions={len(topic['partitions'])}")
             for key in sorted(configs):
                 source = configs[key].get("config_source", "")
                 marker = "" if source == "DEFAULT_CONFIG" else "  (override)"
-                print(f"    {key}={configs[key]['value']}{marker}")
+                output.say(f"    {key}={configs[key]['value']}{marker}")
     finally:
         admin.close()
     return 0

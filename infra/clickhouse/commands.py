@@ -10,6 +10,7 @@ import signal
 import threading
 
 from clients.clickhouse.client import chdb_path, connect
+from infra.cli.output import say
 from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def migrate_cmd(args) -> int:
             apply_events_ttl(client, args.events_ttl_days)
     finally:
         client.close()
-    print(f"applied migrations: {', '.join(f'{v:04d}' for v in applied)}" if applied else "schema up to date")
+    say(f"applied migrations: {', '.join(f'{v:04d}' for v in applied)}" if applied else "schema up to date")
     return 0
 
 
@@ -60,12 +61,12 @@ def serve_cmd(args) -> int:
     client, endpoint = open_and_serve(url, port=args.port)
     migrate(client)
     if endpoint is None:
-        print(f"already served by another process; use {url}")
+        say(f"already served by another process; use {url}")
         return 0
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"serving {url} at {endpoint.url} (clickhouse-connect / curl); Ctrl-C to stop", flush=True)
+    say(f"serving {url} at {endpoint.url} (clickhouse-connect / curl); Ctrl-C to stop")
     stop.wait()
     endpoint.close()
     client.close()
@@ -80,7 +81,7 @@ def sql_cmd(args) -> int:
     finally:
         client.close()
     if rows or args.format != "table":
-        print(render(rows, args.format))
+        say(render(rows, args.format))
     return 0
 
 
@@ -92,9 +93,9 @@ def leaderboard_cmd(args) -> int:
         rows = leaderboard_rows(lambda sql: client.query(sql).result_rows, args.by, args.domain, args.since)
     finally:
         client.close()
-    print(render(rows, args.format))
+    say(render(rows, args.format))
     if args.format == "table":
-        print(
+        say(
             "\nmean reward: 95% bootstrap CI (2000 resamples, fixed seed); p_vs_best_welch: Welch t-test "
             "against the best row of the domain; p_holm: Holm-corrected; significant: p_holm < 0.05"
         )
@@ -118,10 +119,10 @@ def trajectory_cmd(args) -> int:
         raise ClickHouseError(f"trajectory_id {args.trajectory_id!r}: no such trajectory in ClickHouse")
     episode = dict(zip(header.column_names, results["episode"][0], strict=True)) if results["episode"] else {}
     if args.format == "json":
-        print(json.dumps({"episode": episode, "steps": steps}, indent=2, default=str))
+        say(json.dumps({"episode": episode, "steps": steps}, indent=2, default=str))
         return 0
     if args.format == "table":
-        print(" ".join(f"{k}={v}" for k, v in episode.items() if v is not None))
-        print()
-    print(render(steps, args.format))
+        say(" ".join(f"{k}={v}" for k, v in episode.items() if v is not None))
+        say("")
+    say(render(steps, args.format))
     return 0

@@ -12,6 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
+from infra.cli import output
 from infra.demo import sim
 
 
@@ -27,8 +28,8 @@ def demo_command(args) -> int:
     # The demo's GRPO groups are `group_size` rollouts of one task; the trainer flushes every 2 s.
     trainer_args = ("--group-size", str(args.group_size), "--flush-interval-s", "2")
     config = embedded_config(data_dir, trainer_args=trainer_args)
-    supervisor = StackSupervisor(config, on_event=lambda message: print(f"[demo] {message}", flush=True))
-    print(
+    supervisor = StackSupervisor(config, on_event=lambda message: output.say(f"[demo] {message}"))
+    output.say(
         f"[demo] starting the embedded stack in {data_dir} (broker on {config.bootstrap_servers})", flush=True
     )
     supervisor.start()
@@ -38,9 +39,9 @@ def demo_command(args) -> int:
         wait_for_pipeline(config, len(rollouts), supervisor)
         print_results(config, data_dir)
     finally:
-        print("[demo] stopping the stack", flush=True)
+        output.say("[demo] stopping the stack")
         supervisor.stop()
-    print(f"[demo] done in {time.monotonic() - started:.0f}s; data kept in {data_dir}")
+    output.say(f"[demo] done in {time.monotonic() - started:.0f}s; data kept in {data_dir}")
     return 0
 
 
@@ -122,13 +123,13 @@ def wait_for_pipeline(config, expected: int, supervisor, timeout_s: float = 90.0
                 break
             time.sleep(0.5)
     if done < expected:
-        print(f"[demo] warning: only {done}/{expected} trajectories visible after {timeout_s:.0f}s")
+        output.warn(f"[demo] warning: only {done}/{expected} trajectories visible after {timeout_s:.0f}s")
     _wait_for_batches(config, supervisor)
 
 
 def _wait_for_batches(config, supervisor, settle_s: float = 4.0, timeout_s: float = 40.0) -> None:
     """The trainer flushes ready trajectories every few seconds: wait until its batches stop changing."""
-    print("[demo] waiting for the trainer to flush its batches...", flush=True)
+    output.say("[demo] waiting for the trainer to flush its batches...")
     deadline = time.monotonic() + timeout_s
     last, stable_since = -1, time.monotonic()
     while time.monotonic() < deadline:
@@ -176,17 +177,17 @@ def print_results(config, data_dir: Path) -> None:
     from infra.bench.report import format_table
     from infra.clickhouse.analytics import leaderboard_rows
 
-    print("\n== Leaderboard (by model) ==")
-    print(format_table(leaderboard_rows(_query_fn(config), by="model")))
-    print("\n== Mean rule reward by step index ==")
+    output.say("\n== Leaderboard (by model) ==")
+    output.say(format_table(leaderboard_rows(_query_fn(config), by="model")))
+    output.say("\n== Mean rule reward by step index ==")
     rows = _query(
         config,
         "SELECT step_index, round(avg(score), 3) AS mean_rule_reward, count() AS steps "
         "FROM agentstream.rule_rewards FINAL WHERE score IS NOT NULL GROUP BY step_index ORDER BY step_index",
     )
-    print(format_table([{"step": r[0], "mean rule reward": r[1], "steps": r[2]} for r in rows]))
+    output.say(format_table([{"step": r[0], "mean rule reward": r[1], "steps": r[2]} for r in rows]))
     dlq = _query(config, "SELECT count() FROM agentstream.dead_letters FINAL")[0][0]
-    print(f"\n== Dead letters: {dlq} ==")
+    output.say(f"\n== Dead letters: {dlq} ==")
     print_batches(data_dir / "batches")
 
 
@@ -205,8 +206,8 @@ def print_batches(root: Path) -> None:
         entry["batches"] += 1
         entry["rows"] += int(data.get("row_count", 0))
         entry["trajectories"] += len(data.get("trajectory_ids", []))
-    print(f"\n== Training batches built: {sum(k['batches'] for k in kinds.values())} (under {root}) ==")
-    print(format_table([kinds[k] for k in sorted(kinds)]))
+    output.say(f"\n== Training batches built: {sum(k['batches'] for k in kinds.values())} (under {root}) ==")
+    output.say(format_table([kinds[k] for k in sorted(kinds)]))
 
 
 def _query_fn(config):

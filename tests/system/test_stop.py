@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -48,12 +49,23 @@ def _started_stack(tmp_path: Path) -> tuple[Proc, list[int]]:
         return list(pids.values())
 
     pids = wait_for(running_pids, timeout_s=60, interval_s=0.2, what="the stack to run")
-    time.sleep(
-        3
-    )  # let the workers get past their start-up (the case a user stops most often is a running one)
+    bootstrap = json.loads(state_file.read_text())["bootstrap_servers"]
+    wait_for(lambda: _groups_joined(bootstrap), timeout_s=60, interval_s=0.5, what="both roles to consume")
     tree = descendants(up.pid)
     assert set(pids) <= set(tree)
     return up, sorted(set(tree))
+
+
+def _groups_joined(bootstrap: str) -> bool:
+    """Both stream roles consume: their consumer groups exist on the stack's broker."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        groups = {g["group_id"] for g in admin.list_groups()}
+    finally:
+        admin.close()
+    return {"agentstream-rules", "agentstream-assembler"} <= groups
 
 
 def _left(pids: list[int]) -> list[str]:
@@ -70,6 +82,14 @@ def _left(pids: list[int]) -> list[str]:
 def test_sigterm_stops_every_process_of_the_stack_within_the_grace_period(tmp_path):
     up, pids = _started_stack(tmp_path)
     try:
+        status = subprocess.run(
+            [*AGENTSTREAM, "status", "--data-dir", str(tmp_path / "stack"), "--sample-seconds", "0.2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert status.returncode == 0, status.stderr
+        assert "| assembler " in status.stdout and "dead letters: 0" in status.stdout
         started = time.monotonic()
         os.kill(up.pid, signal.SIGTERM)  # the supervisor only, as systemd / docker stop would
         assert up.popen.wait(timeout=STOP_GRACE_S * len(STACK)) == 0
