@@ -135,6 +135,8 @@ def _create_topic(bootstrap: str, topic: str) -> None:
 
 
 def _kafka_python(bootstrap: str, topic: str, size: int, count: int) -> tuple[float, float]:
+    # Raw clients on purpose (not clients.kafka): this measures the broker with each client's own
+    # settings, the same for the embedded broker and its peer, whatever the project's limits become.
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     payload = b"x" * size

@@ -158,47 +158,15 @@ def _row(path: str, client: str, events: int, runs: list[dict], latency: str) ->
 
 
 def run(args) -> dict:
-    import asyncio
-
-    from infra.bench.report import median
-    from producers.gateway import hash_key
-
     repeats = max(1, args.repeats)
-    key = "bench-key"
     with tempfile.TemporaryDirectory(prefix="agentstream-bench-produce-") as tmp:
         root = Path(tmp)
         broker = start_broker(root / "broker")
         try:
-            sdk_runs = [sdk_once(broker.address, root / f"sdk-{i}", args.steps) for i in range(repeats)]
-            rows = [_row("sdk", "kafka-python", args.steps, sdk_runs, "step() -> broker ack, flat out")]
-            accept = median([r["accept_rate"] for r in sdk_runs])
-            paced_rate = round(rows[0]["events_per_s"] / 2, -2) or 100.0
-            paced = [sdk_once(broker.address, root / "sdk-paced", int(paced_rate * 2), paced_rate)]
-            rows.append(
-                _row("sdk paced", "kafka-python", int(paced_rate * 2), paced, f"at {paced_rate:,.0f} steps/s")
-            )
-            gateway_rows = []
-            for client in ("aiokafka", "kafka-python"):
-                gateway = start_gateway(root, broker.address, client, hash_key(key))
-                try:
-                    url = f"http://{gateway.address}/v1/events"
-                    runs = [
-                        asyncio.run(
-                            gateway_load(url, key, args.requests, args.events_per_request, args.concurrency)
-                        )
-                        for _ in range(repeats)
-                    ]
-                finally:
-                    gateway.stop()
-                gateway_rows.append(
-                    _row(
-                        "gateway",
-                        client,
-                        args.requests * args.events_per_request,
-                        runs,
-                        "request -> 202 (after broker ack)",
-                    )
-                )
+            rows, accept = _sdk_rows(broker.address, root, args.steps, repeats)
+            gateway_rows = [
+                _gateway_row(broker.address, root, client, args, repeats) for client in GATEWAY_CLIENTS
+            ]
             rows += gateway_rows
         finally:
             broker.stop()
@@ -217,3 +185,43 @@ def run(args) -> dict:
             "share this machine",
         ],
     }
+
+
+GATEWAY_CLIENTS = ("aiokafka", "kafka-python")  # the first is measured against the second
+GATEWAY_KEY = "bench-key"
+
+
+def _sdk_rows(address: str, root: Path, steps: int, repeats: int) -> tuple[list[dict], float]:
+    """The SDK flat out (`repeats` runs), then paced at half that rate; and its accept rate."""
+    from infra.bench.report import median
+
+    sdk_runs = [sdk_once(address, root / f"sdk-{i}", steps) for i in range(repeats)]
+    rows = [_row("sdk", "kafka-python", steps, sdk_runs, "step() -> broker ack, flat out")]
+    accept = median([r["accept_rate"] for r in sdk_runs])
+    paced_rate = round(rows[0]["events_per_s"] / 2, -2) or 100.0
+    paced = [sdk_once(address, root / "sdk-paced", int(paced_rate * 2), paced_rate)]
+    rows.append(
+        _row("sdk paced", "kafka-python", int(paced_rate * 2), paced, f"at {paced_rate:,.0f} steps/s")
+    )
+    return rows, accept
+
+
+def _gateway_row(address: str, root: Path, client: str, args, repeats: int) -> dict:
+    """The gateway with `client` as its producer, under `args.concurrency` concurrent requests."""
+    import asyncio
+
+    from producers.gateway import hash_key
+
+    gateway = start_gateway(root, address, client, hash_key(GATEWAY_KEY))
+    try:
+        url = f"http://{gateway.address}/v1/events"
+        runs = [
+            asyncio.run(
+                gateway_load(url, GATEWAY_KEY, args.requests, args.events_per_request, args.concurrency)
+            )
+            for _ in range(repeats)
+        ]
+    finally:
+        gateway.stop()
+    events = args.requests * args.events_per_request
+    return _row("gateway", client, events, runs, "request -> 202 (after broker ack)")

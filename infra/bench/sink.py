@@ -56,9 +56,10 @@ def _step(trajectory: str, index: int):
 
 
 def _producer(bootstrap: str):
-    from kafka import KafkaProducer
+    """The load generator's producer (the sink is what is measured, not this)."""
+    from clients.kafka import make_producer
 
-    return KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, batch_size=256 * 1024)
+    return make_producer(bootstrap, "bench-sink-load")
 
 
 def _publish_all(bootstrap: str, prefix: str, steps: int) -> None:

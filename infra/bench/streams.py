@@ -128,9 +128,10 @@ def _trajectory(tid: str, n_steps: int, rng: random.Random):
 
 
 def _producer(bootstrap: str, linger_ms: int = 5):
-    from kafka import KafkaProducer
+    """The load generator's producer (the stream processors are what is measured, not this)."""
+    from clients.kafka import make_producer
 
-    return KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms, batch_size=256 * 1024)
+    return make_producer(bootstrap, "bench-streams-load", linger_ms=linger_ms)
 
 
 def _publish_batch(bootstrap: str, tag: str, trajectories: int, steps: int) -> int:
@@ -319,6 +320,23 @@ def _steps_in_topic(bootstrap: str) -> int:
 # --- the baseline: a plain faust agent, one event at a time -------------------------------------------
 
 
+def _baseline_app(faust, bootstrap: str, data_dir: str):
+    """A plain faust app with in-memory tables, raw keys and values, reading from the start."""
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    return faust.App(
+        BASELINE_APP,
+        broker=f"kafka://{bootstrap}",
+        datadir=data_dir,
+        store="memory://",
+        web_enabled=False,
+        key_serializer="raw",
+        value_serializer="raw",
+        topic_replication_factor=1,
+        consumer_auto_offset_reset="earliest",
+        topic_partitions=4,
+    )
+
+
 def baseline_main(bootstrap: str, data_dir: str) -> None:
     """Rule rewards the textbook faust way: one event at a time, one `await send` per reward.
 
@@ -336,19 +354,7 @@ def baseline_main(bootstrap: str, data_dir: str) -> None:
     from streams.rules.profiles import ProfileRegistry
     from streams.rules.stream import TrajectoryRules
 
-    Path(data_dir).mkdir(parents=True, exist_ok=True)
-    app = faust.App(
-        BASELINE_APP,
-        broker=f"kafka://{bootstrap}",
-        datadir=data_dir,
-        store="memory://",
-        web_enabled=False,
-        key_serializer="raw",
-        value_serializer="raw",
-        topic_replication_factor=1,
-        consumer_auto_offset_reset="earliest",
-        topic_partitions=4,
-    )
+    app = _baseline_app(faust, bootstrap, data_dir)
     profiles = ProfileRegistry()
     table: dict[bytes, bytes] = {}  # a faust Table here ran at ~6 steps/s (changelog buffer stalls)
     source = app.topic("agent.events", key_type=bytes, value_type=bytes)

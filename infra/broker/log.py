@@ -35,6 +35,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from clients.files import fsync_dir
 from infra.broker.errors import (
     BrokerStorageError,
     InvalidProducerEpochError,
@@ -64,7 +65,6 @@ from infra.broker.segment import (
     LOG_SUFFIX,
     BatchScan,
     Segment,
-    fsync_dir,
     write_file_atomic,
 )
 

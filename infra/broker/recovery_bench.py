@@ -69,6 +69,33 @@ def _timed_open(directory: Path, config: LogConfig) -> tuple[PartitionLog, float
     return plog, time.perf_counter() - start
 
 
+def _fill(plog: PartitionLog, blob: bytes, total_bytes: int) -> float:
+    """Append `blob` until the log holds `total_bytes`, flush; the seconds it took."""
+    start = time.perf_counter()
+    while plog.size_bytes < total_bytes:
+        plog.append(blob)
+    plog.flush()
+    return time.perf_counter() - start
+
+
+def _reopen_three_ways(directory: Path, config: LogConfig, hw: int, written: int, batch: bytes):
+    """Reopen a crashed log with a warm page cache, after a crash with a cold one (None where the
+    cache cannot be dropped), and after a clean close; then a full CRC scan. Returns the four
+    times and whether every reopen found every acknowledged batch."""
+    warm, warm_s = _timed_open(directory, config)
+    correct = warm.high_watermark == hw and warm.size_bytes == written
+    _crash(warm)
+    cold_cache = _drop_page_cache(directory)
+    cold, cold_s = _timed_open(directory, config)
+    correct = correct and cold.high_watermark == hw
+    cold.close()
+    clean, clean_s = _timed_open(directory, config)
+    correct = correct and clean.high_watermark == hw and len(clean.read(hw - 1, 1)) == len(batch)
+    full_scan_s = _full_crc_scan(clean)
+    clean.close()
+    return warm_s, cold_s if cold_cache else None, clean_s, full_scan_s, correct
+
+
 def measure_recovery(data_dir: Path, total_bytes: int, segment_bytes: int | None = None) -> dict:
     """Fill `data_dir/recovery-0` with ~`total_bytes` of 16 KiB batches, crash, and time recovery.
 
@@ -84,30 +111,15 @@ def measure_recovery(data_dir: Path, total_bytes: int, segment_bytes: int | None
     if segment_bytes is not None:
         config.segment_bytes = segment_bytes
     batch = _template_batch()
-    blob = batch * BATCHES_PER_APPEND
     plog = PartitionLog(directory, config)
-    start = time.perf_counter()
-    while plog.size_bytes < total_bytes:
-        plog.append(blob)
-    plog.flush()
-    fill_s = time.perf_counter() - start
+    fill_s = _fill(plog, batch * BATCHES_PER_APPEND, total_bytes)
     written, hw, segments = plog.size_bytes, plog.high_watermark, plog.segment_count
     last_segment = plog._segments[-1]
     last_segment_bytes = last_segment.size
     _crash(plog)
     with open(last_segment.log_path, "ab") as fh:
         fh.write(batch[: len(batch) // 2])
-    warm, warm_s = _timed_open(directory, config)
-    correct = warm.high_watermark == hw and warm.size_bytes == written
-    _crash(warm)
-    cold_cache = _drop_page_cache(directory)
-    cold, cold_s = _timed_open(directory, config)
-    correct = correct and cold.high_watermark == hw
-    cold.close()
-    clean, clean_s = _timed_open(directory, config)
-    correct = correct and clean.high_watermark == hw and len(clean.read(hw - 1, 1)) == len(batch)
-    full_scan_s = _full_crc_scan(clean)
-    clean.close()
+    warm_s, cold_s, clean_s, full_scan_s, correct = _reopen_three_ways(directory, config, hw, written, batch)
     mb = written / 1e6
     return {
         "total_bytes": written,
@@ -120,7 +132,7 @@ def measure_recovery(data_dir: Path, total_bytes: int, segment_bytes: int | None
         "fill_s": round(fill_s, 3),
         "fill_mb_s": round(mb / fill_s, 1),
         "recovery_warm_s": round(warm_s, 3),
-        "recovery_cold_s": round(cold_s, 3) if cold_cache else None,
+        "recovery_cold_s": round(cold_s, 3) if cold_s is not None else None,
         "clean_open_s": round(clean_s, 3),
         "recovery_mb_s": round(mb / warm_s, 1),
         "full_crc_scan_s": round(full_scan_s, 3),

@@ -255,11 +255,3 @@ def write_file_atomic(path: Path, data: bytes, sync: bool) -> None:
             fh.flush()
             os.fsync(fh.fileno())
     os.replace(tmp, path)
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

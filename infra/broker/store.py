@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clients.files import fsync_dir
 from infra.broker.errors import (
     BrokerStorageError,
     InvalidConfigError,
@@ -36,7 +37,7 @@ from infra.broker.errors import (
     UnknownTopicError,
 )
 from infra.broker.log import LogConfig, PartitionLog
-from infra.broker.segment import fsync_dir, write_file_atomic
+from infra.broker.segment import write_file_atomic
 
 __all__ = [
     "TOPIC_DEFAULTS",
