@@ -35,19 +35,23 @@ class StackConfig:
     trainer_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
 
+    def query(self, sql: str) -> list[tuple]:
+        """The rows of `sql` on the stack's ClickHouse (waits while the sink opens chDB)."""
+        from clients.clickhouse.client import connect
+
+        client = connect(self.clickhouse_url, wait_s=30)
+        try:
+            return list(client.query(sql).result_rows)
+        finally:
+            client.close()
+
 
 def components(config: StackConfig) -> list[Component]:
     """The processes of a stack, in start order: one `agentstream worker` process per role per
     worker slot (no supervisor inside the supervisor)."""
     out = []
     if config.embedded_broker:
-        out.append(
-            Component(
-                "broker",
-                ("broker", "--port", str(config.broker_port), "--ready-file", "run/broker.ready"),
-                ready_file="run/broker.ready",
-            )
-        )
+        out.append(_server("broker", config.broker_port))
     for i in range(config.workers):
         for role in DEFAULT_ROLES:
             out.append(Component(role if config.workers == 1 else f"{role}-{i}", ("worker", "--roles", role)))
@@ -57,14 +61,14 @@ def components(config: StackConfig) -> list[Component]:
     if config.trainer:
         out.append(Component("trainer", ("trainer", *config.trainer_args)))
     if config.gateway:
-        out.append(
-            Component(
-                "gateway",
-                ("gateway", "--port", str(config.gateway_port), "--ready-file", "run/gateway.ready"),
-                ready_file="run/gateway.ready",
-            )
-        )
+        out.append(_server("gateway", config.gateway_port))
     return out
+
+
+def _server(command: str, port: int) -> Component:
+    """A component that listens on `port` and writes `run/<command>.ready` once it serves."""
+    ready = f"run/{command}.ready"
+    return Component(command, (command, "--port", str(port), "--ready-file", ready), ready_file=ready)
 
 
 class StackSupervisor(Supervisor):

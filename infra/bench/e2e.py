@@ -89,21 +89,11 @@ def _percentiles(name: str, values: list[float]) -> dict:
     return {f"{name} p{q} ms": round(percentile(values, q), 1) for q in (50, 95, 99)}
 
 
-def _query(config, sql: str) -> list[tuple]:
-    from clients.clickhouse.client import connect
-
-    client = connect(config.clickhouse_url, wait_s=30)
-    try:
-        return list(client.query(sql).result_rows)
-    finally:
-        client.close()
-
-
 def _wait_for_clickhouse(config, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            _query(config, "SELECT count() FROM agentstream.events")
+            config.query("SELECT count() FROM agentstream.events")
             return
         except Exception:
             if time.monotonic() > deadline:
@@ -119,7 +109,7 @@ def _wait_drained(config, supervisor, label: str, episodes: int, timeout_s: floa
     )
     while time.monotonic() < deadline:
         supervisor.poll()
-        if _query(config, sql)[0][0] >= episodes:
+        if config.query(sql)[0][0] >= episodes:
             return True
         time.sleep(0.5)
     return False
@@ -127,23 +117,20 @@ def _wait_drained(config, supervisor, label: str, episodes: int, timeout_s: floa
 
 def _latencies(config, label: str) -> dict[str, list[float]]:
     prefix = f"startsWith(s.trajectory_id, '{label}-')"
-    rule = _query(
-        config,
+    rule = config.query(
         "SELECT toUnixTimestamp64Milli(min(r.ingested_at)) - toUnixTimestamp64Milli(any(s.occurred_at)) "
         "FROM agentstream.events AS r INNER JOIN agentstream.events AS s "
         "ON JSONExtractString(r.raw, 'source_event_id') = s.event_id "
         f"WHERE r.type = 'reward.rule.step' AND s.type = 'step.recorded' AND {prefix} GROUP BY s.event_id",
     )
-    trajectory = _query(
-        config,
+    trajectory = config.query(
         "SELECT toUnixTimestamp64Milli(min(t.ingested_at)) - toUnixTimestamp64Milli(any(s.occurred_at)) "
         "FROM agentstream.events AS t INNER JOIN agentstream.events AS s "
         "ON t.trajectory_id = s.trajectory_id "
         f"WHERE t.type = 'trajectory.scored' AND s.type = 'episode.ended' AND {prefix} "
         "GROUP BY s.trajectory_id",
     )
-    batch = _query(
-        config,
+    batch = config.query(
         "SELECT toUnixTimestamp64Milli(min(b.occurred_at)) - toUnixTimestamp64Milli(any(s.occurred_at)) "
         "FROM (SELECT occurred_at, arrayJoin(JSONExtract(raw, 'trajectory_ids', 'Array(String)')) AS tid "
         "      FROM agentstream.events WHERE type = 'batch.built') AS b "

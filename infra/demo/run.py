@@ -144,7 +144,7 @@ def _wait_for_batches(config, supervisor, settle_s: float = 4.0, timeout_s: floa
 
 def _scalar(config, sql: str) -> int:
     try:
-        rows = _query(config, sql)
+        rows = config.query(sql)
     except Exception:  # the table may not exist yet
         return 0
     return int(rows[0][0]) if rows else 0
@@ -157,20 +157,10 @@ def _count_trajectories(config) -> int:
     if path is not None and not live_endpoint(path):
         return 0  # the sink serves the embedded database once it has started; do not race it
     try:
-        rows = _query(config, "SELECT uniqExact(trajectory_id) FROM agentstream.trajectories")
+        rows = config.query("SELECT uniqExact(trajectory_id) FROM agentstream.trajectories")
     except Exception:
         return 0
     return int(rows[0][0]) if rows else 0
-
-
-def _query(config, sql: str) -> list[tuple]:
-    from clients.clickhouse.client import connect
-
-    client = connect(config.clickhouse_url, wait_s=30)
-    try:
-        return list(client.query(sql).result_rows)
-    finally:
-        client.close()
 
 
 def print_results(config, data_dir: Path) -> None:
@@ -178,15 +168,14 @@ def print_results(config, data_dir: Path) -> None:
     from infra.clickhouse.analytics import leaderboard_rows
 
     output.say("\n== Leaderboard (by model) ==")
-    output.say(format_table(leaderboard_rows(_query_fn(config), by="model")))
+    output.say(format_table(leaderboard_rows(config.query, by="model")))
     output.say("\n== Mean rule reward by step index ==")
-    rows = _query(
-        config,
+    rows = config.query(
         "SELECT step_index, round(avg(score), 3) AS mean_rule_reward, count() AS steps "
         "FROM agentstream.rule_rewards FINAL WHERE score IS NOT NULL GROUP BY step_index ORDER BY step_index",
     )
     output.say(format_table([{"step": r[0], "mean rule reward": r[1], "steps": r[2]} for r in rows]))
-    dlq = _query(config, "SELECT count() FROM agentstream.dead_letters FINAL")[0][0]
+    dlq = config.query("SELECT count() FROM agentstream.dead_letters FINAL")[0][0]
     output.say(f"\n== Dead letters: {dlq} ==")
     print_batches(data_dir / "batches")
 
@@ -208,7 +197,3 @@ def print_batches(root: Path) -> None:
         entry["trajectories"] += len(data.get("trajectory_ids", []))
     output.say(f"\n== Training batches built: {sum(k['batches'] for k in kinds.values())} (under {root}) ==")
     output.say(format_table([kinds[k] for k in sorted(kinds)]))
-
-
-def _query_fn(config):
-    return lambda sql: _query(config, sql)

@@ -80,13 +80,7 @@ class Stack:
         )
 
     def query(self, sql: str) -> list[tuple]:
-        from clients.clickhouse.client import connect
-
-        client = connect(self.config.clickhouse_url, wait_s=30)
-        try:
-            return list(client.query(sql).result_rows)
-        finally:
-            client.close()
+        return self.config.query(sql)
 
 
 class SdkLoad(threading.Thread):
