@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from infra.cli import output
 from infra.cli.options import add_option, command_parser
-from infra.demo.run import demo_command
 
 
 def register(sub) -> None:
@@ -39,6 +38,12 @@ def register(sub) -> None:
     )
     add_option(demo, "--group-size", type=int, default=4, help="rollouts per task and policy (a GRPO group)")
     add_option(demo, "--keep", action="store_true", default=False, help="keep the previous demo data")
+
+
+def demo_command(args) -> int:
+    from infra.demo.run import demo_command as run_demo
+
+    return run_demo(args)
 
 
 def _stack_config(args):
