@@ -29,9 +29,7 @@ def demo_command(args) -> int:
     trainer_args = ("--group-size", str(args.group_size), "--flush-interval-s", "2")
     config = embedded_config(data_dir, trainer_args=trainer_args)
     supervisor = StackSupervisor(config, on_event=lambda message: output.say(f"[demo] {message}"))
-    output.say(
-        f"[demo] starting the embedded stack in {data_dir} (broker on {config.bootstrap_servers})", flush=True
-    )
+    output.say(f"[demo] starting the embedded stack in {data_dir} (broker on {config.bootstrap_servers})")
     supervisor.start()
     try:
         rollouts = plan(args.episodes, args.group_size)

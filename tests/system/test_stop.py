@@ -48,11 +48,19 @@ def _started_stack(tmp_path: Path) -> tuple[Proc, list[int]]:
         assert set(pids) == set(STACK) and state["supervisor_pid"] == up.pid
         return list(pids.values())
 
-    pids = wait_for(running_pids, timeout_s=60, interval_s=0.2, what="the stack to run")
-    bootstrap = json.loads(state_file.read_text())["bootstrap_servers"]
-    wait_for(lambda: _groups_joined(bootstrap), timeout_s=60, interval_s=0.5, what="both roles to consume")
-    tree = descendants(up.pid)
-    assert set(pids) <= set(tree)
+    try:
+        pids = wait_for(running_pids, timeout_s=60, interval_s=0.2, what="the stack to run")
+        bootstrap = json.loads(state_file.read_text())["bootstrap_servers"]
+        wait_for(
+            lambda: _groups_joined(bootstrap), timeout_s=60, interval_s=0.5, what="both roles to consume"
+        )
+        tree = descendants(up.pid)
+        assert set(pids) <= set(tree)
+    except BaseException:
+        tree = descendants(up.pid)
+        up.stop()
+        hard_kill([p for p in tree if not pid_gone(p)])
+        raise
     return up, sorted(set(tree))
 
 
