@@ -116,9 +116,7 @@ def _wait_kafka(bootstrap: str, timeout_s: float) -> None:
             return
         except Exception as exc:
             if time.monotonic() > deadline:
-                raise InfraError(
-                    f"Kafka at {bootstrap} not ready after {timeout_s:.0f}s: {exc}"
-                ) from exc
+                raise InfraError(f"Kafka at {bootstrap} not ready after {timeout_s:.0f}s: {exc}") from exc
             time.sleep(1)
 
 
@@ -132,7 +130,5 @@ def _wait_http(url: str, timeout_s: float) -> None:
                 return
         except Exception as exc:
             if time.monotonic() > deadline:
-                raise InfraError(
-                    f"ClickHouse at {url} not ready after {timeout_s:.0f}s: {exc}"
-                ) from exc
+                raise InfraError(f"ClickHouse at {url} not ready after {timeout_s:.0f}s: {exc}") from exc
             time.sleep(1)
