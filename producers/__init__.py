@@ -8,29 +8,44 @@ Exports resolve lazily, so importing the package (e.g. for `agentstream --help`)
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import Any
 
-_EXPORTS = {
-    "AgentRecorder": "producers.recorder",
-    "AsyncAgentRecorder": "producers.recorder",
-    "Episode": "producers.recorder",
-    "RecorderConfig": "producers.recorder",
-    "RecordedEnv": "producers.env",
-    "Spool": "producers.spool",
-    "ProducerError": "producers.errors",
-    "RecorderBufferFull": "producers.errors",
-    "RecorderClosed": "producers.errors",
-    "EpisodeStateError": "producers.errors",
-    "SpoolError": "producers.errors",
-    "GatewayConfig": "producers.gateway",
-}
-
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AgentRecorder",
+    "AsyncAgentRecorder",
+    "Episode",
+    "EpisodeStateError",
+    "GatewayConfig",
+    "ProducerError",
+    "RecordedEnv",
+    "RecorderBufferFull",
+    "RecorderClosed",
+    "RecorderConfig",
+    "Spool",
+    "SpoolError",
+]
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'producers' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+    """Import an export on first use (plain imports, so a renamed module fails lint, not users)."""
+    if name in ("AgentRecorder", "AsyncAgentRecorder", "Episode", "RecorderConfig"):
+        from producers import recorder
+
+        return getattr(recorder, name)
+    if name in ("ProducerError", "RecorderBufferFull", "RecorderClosed", "EpisodeStateError", "SpoolError"):
+        from producers import errors
+
+        return getattr(errors, name)
+    if name == "RecordedEnv":
+        from producers.env import RecordedEnv
+
+        return RecordedEnv
+    if name == "Spool":
+        from producers.spool import Spool
+
+        return Spool
+    if name == "GatewayConfig":
+        from producers.gateway_requests import GatewayConfig
+
+        return GatewayConfig
+    raise AttributeError(f"module 'producers' has no attribute {name!r}")

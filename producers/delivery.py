@@ -31,20 +31,16 @@ from dataclasses import dataclass
 
 import orjson
 
-from producers.errors import ProducerError
+from producers.errors import DeliveryFailed
 from producers.spool import Cursor, DeliveryIntent, Spool, SpoolRecord
 
 log = logging.getLogger(__name__)
 
 
-class DeliveryFailed(ProducerError):
-    """A chunk was not acknowledged in time; its records stay in the spool for a later attempt."""
-
-
 @dataclass(frozen=True)
 class DeliveryConfig:
-    """How the spool talks to Kafka. Producer settings: acks=all, idempotence on (kafka-python's
-    default), `linger_ms` for batching."""
+    """How the spool talks to Kafka. Producer settings: the project's limits (`clients.kafka`:
+    acks=all, idempotence on as kafka-python's default), `linger_ms` for batching."""
 
     bootstrap_servers: str
     client_id: str = "agentstream-sdk"
@@ -196,35 +192,30 @@ class SpoolDelivery:
 
     def _get_producer(self):
         if self._producer is None:
-            from kafka import KafkaProducer
+            from clients.kafka import make_producer
 
             cfg = self.config
-            self._producer = KafkaProducer(
-                bootstrap_servers=cfg.bootstrap_servers,
-                client_id=cfg.client_id,
-                acks="all",
+            self._producer = make_producer(
+                cfg.bootstrap_servers,
+                cfg.client_id,
                 linger_ms=cfg.linger_ms,
-                batch_size=256 * 1024,
                 request_timeout_ms=cfg.request_timeout_ms,
                 delivery_timeout_ms=cfg.delivery_timeout_ms,
                 bootstrap_timeout_ms=cfg.connect_timeout_ms,
                 max_block_ms=cfg.request_timeout_ms,
-                max_request_size=16 * 1024 * 1024,
-                reconnect_backoff_max_ms=1000,
             )
         return self._producer
 
     def _get_consumer(self):
         if self._consumer is None:
-            from kafka import KafkaConsumer
+            from clients.kafka import make_consumer
 
-            self._consumer = KafkaConsumer(
-                bootstrap_servers=self.config.bootstrap_servers,
-                client_id=self.config.client_id + "-readback",
-                enable_auto_commit=False,
-                group_id=None,
-                request_timeout_ms=self.config.request_timeout_ms + 1000,
-                bootstrap_timeout_ms=self.config.connect_timeout_ms,
+            cfg = self.config
+            self._consumer = make_consumer(
+                cfg.bootstrap_servers,
+                cfg.client_id + "-readback",
+                request_timeout_ms=cfg.request_timeout_ms + 1000,
+                bootstrap_timeout_ms=cfg.connect_timeout_ms,
                 reconnect_backoff_max_ms=1000,
             )
         return self._consumer

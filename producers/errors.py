@@ -1,12 +1,30 @@
-"""Exceptions of the `producers` package. `ProducerError` is the root (an `AgentstreamError`)."""
+"""Exceptions of the `producers` package: the SDK, the spool, delivery, the gateway and the adapters.
+
+`ProducerError` is the root (itself an `AgentstreamError`, which the CLI prints as one line):
+
+    AgentstreamError                (schemas.errors)
+    └── ProducerError
+        ├── RecorderBufferFull      the in-memory buffer is full and `on_full` gave up
+        ├── RecorderClosed          an event was recorded after `close()`
+        ├── EpisodeStateError       a step after `end()`, `end()` twice
+        ├── SpoolError              the local spool is unusable
+        │   └── SpoolLocked         another process owns the spool slot
+        ├── DeliveryFailed          a chunk was not acknowledged in time (it stays spooled)
+        ├── RequestRejected         a gateway request answered with a 4xx (its JSON body attached)
+        └── AdapterError            an agent log that cannot be converted (`agentstream ingest`)
+
+Messages name the field and the value received.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from schemas.errors import AgentstreamError
 
 
 class ProducerError(AgentstreamError):
-    """Root for everything the SDK, the spool and the gateway raise on purpose."""
+    """Root for everything the SDK, the spool, the gateway and the adapters raise on purpose."""
 
 
 class RecorderBufferFull(ProducerError):
@@ -32,3 +50,24 @@ class EpisodeStateError(ProducerError):
 
 class SpoolError(ProducerError):
     """The local spool is unusable (locked by another process, or corrupt beyond its torn tail)."""
+
+
+class SpoolLocked(SpoolError):
+    """Another process owns this spool slot."""
+
+
+class DeliveryFailed(ProducerError):
+    """A chunk was not acknowledged in time; its records stay in the spool for a later attempt."""
+
+
+class RequestRejected(ProducerError):
+    """A gateway request answered with a 4xx; `status` is the HTTP status, `body` the JSON answer."""
+
+    def __init__(self, status: int, error: str, errors: list[dict] | None = None, **extra: Any):
+        self.status = status
+        self.body = {"error": error, "accepted": 0, "errors": errors or [], **extra}
+        super().__init__(f"{status} {error}")
+
+
+class AdapterError(ProducerError):
+    """A log that cannot be converted: the message names the file, the field and what was wrong."""

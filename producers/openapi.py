@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from producers.gateway import ACCEPTED_TYPES, POLICY, GatewayConfig
+from producers.gateway_requests import ACCEPTED_TYPES, POLICY, GatewayConfig
 from schemas.events import SCHEMA_VERSION
 from schemas.export import json_schema
 
@@ -66,14 +66,46 @@ def _response(description: str, schema: str) -> dict:
 
 def openapi_document(config: GatewayConfig) -> dict[str, Any]:
     """The OpenAPI 3.1 document the gateway serves at `/openapi.json`."""
-    event_schemas = {t: json_schema(t) for t in ACCEPTED_TYPES}
+    return {
+        "openapi": "3.1.0",
+        "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
+        "info": {
+            "title": "agentstream ingestion gateway",
+            "version": SCHEMA_VERSION,
+            "description": "Publish agent events over HTTP into Kafka topics keyed by trajectory id.",
+        },
+        "paths": {
+            "/v1/events": {"post": _publish_operation(config)},
+            "/healthz": {"get": _get("Broker reachability", "healthz", _HEALTH_RESPONSES)},
+            "/openapi.json": {"get": _get("This document", "openapi", {"200": {"description": "ok"}})},
+        },
+        "components": {
+            "schemas": {**{t: json_schema(t) for t in ACCEPTED_TYPES}, **_error_schemas()},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "API key as a bearer token"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+            },
+        },
+        "x-agentstream-policy": POLICY,
+    }
+
+
+_HEALTH_RESPONSES = {"200": {"description": "broker reachable"}, "503": {"description": "unreachable"}}
+
+
+def _get(summary: str, operation_id: str, responses: dict) -> dict:
+    return {"summary": summary, "operationId": operation_id, "responses": responses}
+
+
+def _publish_operation(config: GatewayConfig) -> dict[str, Any]:
+    """`POST /v1/events`: its limits come from the running gateway's config."""
     request_schema = {
         "type": "array",
         "minItems": 1,
         "maxItems": config.max_events,
         "items": {"oneOf": [_ref(t) for t in ACCEPTED_TYPES], "discriminator": {"propertyName": "type"}},
     }
-    post = {
+    return {
         "summary": "Publish events",
         "description": (
             f"Validates every event strictly (unknown fields are errors). Policy: {POLICY}. "
@@ -92,41 +124,4 @@ def openapi_document(config: GatewayConfig) -> dict[str, Any]:
             "415": _response("content type is not application/json", "Rejected"),
             "503": _response("broker did not acknowledge; says which events were", "Unavailable"),
         },
-    }
-    return {
-        "openapi": "3.1.0",
-        "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
-        "info": {
-            "title": "agentstream ingestion gateway",
-            "version": SCHEMA_VERSION,
-            "description": "Publish agent events over HTTP into Kafka topics keyed by trajectory id.",
-        },
-        "paths": {
-            "/v1/events": {"post": post},
-            "/healthz": {
-                "get": {
-                    "summary": "Broker reachability",
-                    "operationId": "healthz",
-                    "responses": {
-                        "200": {"description": "broker reachable"},
-                        "503": {"description": "unreachable"},
-                    },
-                }
-            },
-            "/openapi.json": {
-                "get": {
-                    "summary": "This document",
-                    "operationId": "openapi",
-                    "responses": {"200": {"description": "ok"}},
-                }
-            },
-        },
-        "components": {
-            "schemas": {**event_schemas, **_error_schemas()},
-            "securitySchemes": {
-                "bearer": {"type": "http", "scheme": "bearer", "description": "API key as a bearer token"},
-                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
-            },
-        },
-        "x-agentstream-policy": POLICY,
     }

@@ -42,111 +42,42 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import threading
-import time
 import uuid
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from producers.delivery import DeliveryConfig, SpoolDelivery
+from producers.delivery import DeliveryConfig
 from producers.episode import EpisodeIdentity, EpisodeLog, error_text
-from producers.errors import ProducerError, RecorderBufferFull, RecorderClosed
+from producers.errors import ProducerError, RecorderBufferFull
+from producers.pipeline import (
+    SDK_VERSION,
+    EventBuffer,
+    OnFull,
+    RecorderConfig,
+    RecordingPipeline,
+    Until,
+)
+from producers.policy_follower import PolicyFollower
 from producers.spool import Spool, SpoolRecord
 from schemas.codec import encode, encode_key
 from schemas.events import EventBase
 from schemas.topics import topic_for
 
+# names users import from here that live in the plumbing modules
+__all__ = [
+    "SDK_VERSION",
+    "AgentRecorder",
+    "AsyncAgentRecorder",
+    "AsyncEpisode",
+    "Episode",
+    "EventBuffer",
+    "PolicyFollower",
+    "RecorderConfig",
+]
+
 log = logging.getLogger(__name__)
-
-SDK_VERSION = "0.1.0"
-OnFull = Literal["block", "raise"]
-
-
-@dataclass(frozen=True)
-class RecorderConfig:
-    """Tuning of the recorder; every field can also be given to `AgentRecorder(...)` by name."""
-
-    buffer_size: int = 10_000
-    on_full: OnFull = "block"
-    block_timeout_s: float = 10.0
-    linger_ms: int = 5
-    chunk_records: int = 2000
-    fsync: bool = True
-    segment_bytes: int = 64 * 1024 * 1024
-    policy_ttl_s: float = 5.0
-    connect_timeout_ms: int = 3000
-    delivery_timeout_ms: int = 30_000
-    close_timeout_s: float = 10.0
-    max_event_bytes: int = 1_000_000  # Apache Kafka's default message.max.bytes
-    producer: str = f"sdk/{SDK_VERSION}"
-
-    def __post_init__(self):
-        if self.on_full not in ("block", "raise"):
-            raise ProducerError(f"on_full: expected 'block' or 'raise', got {self.on_full!r}")
-        if self.buffer_size < 1:
-            raise ProducerError(f"buffer_size: must be at least 1, got {self.buffer_size!r}")
-
-
-class EventBuffer:
-    """A bounded FIFO between callers and the writer thread.
-
-    >>> buf = EventBuffer(1)
-    >>> buf.put("a", "raise")
-    1
-    >>> try:
-    ...     buf.put("b", "raise")
-    ... except RecorderBufferFull as exc:
-    ...     print(exc.capacity)
-    1
-    """
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._items: deque = deque()
-        self._cond = threading.Condition()
-        self.accepted = 0
-        self.closed = False
-
-    def put(self, item: Any, on_full: OnFull = "block", timeout_s: float = 10.0) -> int:
-        """Append `item`; returns its 1-based acceptance number."""
-        with self._cond:
-            if self.closed:
-                raise RecorderClosed("the recorder is closed; create a new one to record more events")
-            if len(self._items) >= self.capacity:
-                if on_full == "raise":
-                    raise RecorderBufferFull(self.capacity)
-                start = time.monotonic()
-                if not self._cond.wait_for(
-                    lambda: len(self._items) < self.capacity or self.closed, timeout_s
-                ):
-                    raise RecorderBufferFull(self.capacity, time.monotonic() - start)
-                if self.closed:
-                    raise RecorderClosed("the recorder was closed while waiting for buffer room")
-            self._items.append(item)
-            self.accepted += 1
-            self._cond.notify_all()
-            return self.accepted
-
-    def take(self, max_items: int, wait_s: float) -> list:
-        """Up to `max_items` items, waiting up to `wait_s` for the first one."""
-        with self._cond:
-            if not self._items:
-                self._cond.wait_for(lambda: self._items or self.closed, wait_s)
-            out = [self._items.popleft() for _ in range(min(max_items, len(self._items)))]
-            if out:
-                self._cond.notify_all()
-            return out
-
-    def close(self) -> None:
-        with self._cond:
-            self.closed = True
-            self._cond.notify_all()
-
-    def __len__(self) -> int:
-        return len(self._items)
 
 
 class AgentRecorder:
@@ -186,24 +117,7 @@ class AgentRecorder:
         self.data_dir = Path(data_dir)
         self.agent, self.model, self.policy_version = agent, model, policy_version
         self._policy = PolicyFollower(bootstrap_servers, self.config.policy_ttl_s) if follow_policy else None
-        self._user_on_delivered = on_delivered
-        self._start_threads()
-        atexit.register(self.close)
-
-    def _start_threads(self) -> None:
         cfg = self.config
-        self.spool = Spool.open_slot(
-            self.data_dir / "spool", segment_bytes=cfg.segment_bytes, fsync=cfg.fsync
-        )
-        self._base_seq = self.spool.end_seq  # acceptance number n is spool sequence base + n - 1
-        self._buffer = EventBuffer(cfg.buffer_size)
-        self._progress = threading.Condition()
-        self._spooled_seq = self.spool.end_seq
-        self._writer_error: BaseException | None = None
-        self._wake = threading.Event()
-        self._stop_delivery = threading.Event()
-        self._closed = False
-        self.broker_failing = False  # the last delivery attempt failed (the broker is unreachable?)
         delivery_config = DeliveryConfig(
             bootstrap_servers=self.bootstrap_servers,
             client_id=f"agentstream-{self.agent or 'sdk'}",
@@ -212,17 +126,19 @@ class AgentRecorder:
             connect_timeout_ms=cfg.connect_timeout_ms,
             delivery_timeout_ms=cfg.delivery_timeout_ms,
         )
-        self._delivery = SpoolDelivery(self.spool, delivery_config, on_delivered=self._on_delivered)
-        self._writer = threading.Thread(target=self._write_loop, name="agentstream-spool-writer", daemon=True)
-        self._sender = threading.Thread(target=self._deliver_loop, name="agentstream-delivery", daemon=True)
-        self._writer.start()
-        self._sender.start()
-        if self.spool.pending:
-            log.info(
-                "spool %s: %d undelivered events from an earlier run",
-                self.spool.directory,
-                self.spool.pending,
-            )
+        self._pipeline = RecordingPipeline(self.data_dir / "spool", cfg, delivery_config, on_delivered)
+        self._closed = False
+        atexit.register(self.close)
+
+    @property
+    def spool(self) -> Spool:
+        """This recorder's spool slot."""
+        return self._pipeline.spool
+
+    @property
+    def broker_failing(self) -> bool:
+        """Whether the last delivery attempt failed (the broker is unreachable?)."""
+        return self._pipeline.broker_failing
 
     # --- recording --------------------------------------------------------------------------------
 
@@ -276,9 +192,9 @@ class AgentRecorder:
 
     def publish(self, event: EventBase, on_full: OnFull | None = None) -> int:
         """Accept one event for delivery (any registry event type; routed by its type)."""
-        if self._writer_error is not None:
+        if self._pipeline.writer_error is not None:
             raise ProducerError(
-                f"the spool writer failed; nothing more can be recorded: {self._writer_error!r}"
+                f"the spool writer failed; nothing more can be recorded: {self._pipeline.writer_error!r}"
             )
         value = encode(event)
         if len(value) > self.config.max_event_bytes:
@@ -287,87 +203,21 @@ class AgentRecorder:
                 f"{self.config.max_event_bytes} (brokers refuse larger records); shorten observation/params"
             )
         record = SpoolRecord(topic_for(event.type), encode_key(event), event.event_id, value)
-        return self._buffer.put(record, on_full or self.config.on_full, self.config.block_timeout_s)
-
-    # --- threads ----------------------------------------------------------------------------------
-
-    def _write_loop(self) -> None:
-        while True:
-            batch = self._buffer.take(max_items=self.config.chunk_records, wait_s=0.1)
-            if not batch:
-                if self._buffer.closed and not len(self._buffer):
-                    return
-                continue
-            try:
-                end = self.spool.append(batch)
-            except BaseException as exc:  # a full or failing disk: surface to callers, never drop silently
-                log.exception("spool %s: cannot write %d events", self.spool.directory, len(batch))
-                self._writer_error = exc
-                with self._progress:
-                    self._progress.notify_all()
-                return
-            with self._progress:
-                self._spooled_seq = end
-                self._progress.notify_all()
-            self._wake.set()
-
-    def _deliver_loop(self) -> None:
-        backoff = self._delivery.config.retry_backoff_s
-        while not self._stop_delivery.is_set():
-            if self.spool.pending == 0:
-                self._wake.wait(0.1)
-                self._wake.clear()
-                continue
-            try:
-                self._delivery.deliver_once()
-                backoff = self._delivery.config.retry_backoff_s
-                self.broker_failing = False
-            except Exception as exc:
-                with self._progress:
-                    self.broker_failing = True
-                    self._progress.notify_all()
-                backoff = self._delivery.backoff_after_failure(exc, backoff, 1e9, self._stop_delivery)
-
-    def _on_delivered(self, records: list[SpoolRecord]) -> None:
-        with self._progress:
-            self._progress.notify_all()
-        if self._user_on_delivered is not None:
-            try:
-                self._user_on_delivered(records)
-            except Exception:
-                log.exception("on_delivered callback failed")
+        return self._pipeline.put(record, on_full)
 
     # --- flushing and closing ---------------------------------------------------------------------
 
-    def flush(
-        self,
-        timeout: float | None = None,
-        until: Literal["delivered", "spooled"] = "delivered",
-        *,
-        _stop_if_failing: bool = False,
-    ) -> bool:
+    def flush(self, timeout: float | None = None, until: Until = "delivered") -> bool:
         """Wait until every event accepted before this call is spooled (fsynced) or delivered
         (acknowledged by the broker). Returns False if `timeout` seconds passed first."""
         if until not in ("delivered", "spooled"):
             raise ProducerError(f"until: expected 'delivered' or 'spooled', got {until!r}")
-        target = self._base_seq + self._buffer.accepted
-
-        def done() -> bool:
-            if self._writer_error is not None:
-                raise ProducerError(f"the spool writer failed: {self._writer_error!r}")
-            reached = self._spooled_seq if until == "spooled" else self.spool.cursor.delivered
-            return reached >= target or (_stop_if_failing and self.broker_failing)
-
-        self._wake.set()
-        with self._progress:
-            self._progress.wait_for(done, timeout)
-        reached = self._spooled_seq if until == "spooled" else self.spool.cursor.delivered
-        return reached >= target
+        return self._pipeline.flush(timeout, until)
 
     @property
     def pending(self) -> int:
         """Events accepted but not yet acknowledged by the broker (buffered + spooled)."""
-        return len(self._buffer) + self.spool.pending
+        return self._pipeline.pending
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop accepting events, spool everything buffered, try to deliver for up to `timeout`
@@ -377,30 +227,7 @@ class AgentRecorder:
             return self.spool.pending == 0
         self._closed = True
         atexit.unregister(self.close)
-        timeout = self.config.close_timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        self._buffer.close()
-        self._writer.join()  # local disk only: bounded by the buffer size
-        # With the broker failing, do not hold the process up: everything is durable in the spool.
-        delivered = self.flush(max(0.0, deadline - time.monotonic()), _stop_if_failing=True)
-        self._stop_delivery.set()
-        self._sender.join(timeout=max(1.0, deadline - time.monotonic()))
-        if self._sender.is_alive():
-            # Keep the spool locked until this process exits so no other process replays it meanwhile.
-            log.warning(
-                "spool %s: delivery thread still busy at close; %d events stay spooled",
-                self.spool.directory,
-                self.spool.pending,
-            )
-            return False
-        self._delivery.close()
-        left = self.spool.pending
-        self.spool.close()
-        if left:
-            log.warning(
-                "closed with %d events undelivered; they stay in the spool under %s", left, self.data_dir
-            )
-        return delivered and left == 0
+        return self._pipeline.close(self.config.close_timeout_s if timeout is None else timeout)
 
     def __enter__(self) -> AgentRecorder:
         return self
@@ -482,80 +309,6 @@ class Episode:
         return False
 
 
-# --- policy following ------------------------------------------------------------------------------
-
-
-class PolicyFollower:
-    """The newest `policy_version` on `policy.updates` (a 1-partition topic: its last record),
-    cached for `ttl_s`. The first lookup waits for the broker (up to `timeout_ms`); later ones
-    answer from the cache at once and refresh it in a background thread when it is stale, so an
-    unreachable broker never holds up `rec.episode()`. A failed refresh keeps the previous answer."""
-
-    def __init__(self, bootstrap_servers: str, ttl_s: float = 5.0, timeout_ms: int = 2000):
-        self.bootstrap_servers = bootstrap_servers
-        self.ttl_s = ttl_s
-        self.timeout_ms = timeout_ms
-        self._value: str | None = None
-        self._checked_at: float | None = None
-        self._refreshing = False
-        self._lock = threading.Lock()
-
-    def latest(self) -> str | None:
-        with self._lock:
-            first = self._checked_at is None
-            stale = first or time.monotonic() - self._checked_at >= self.ttl_s
-            start_refresh = stale and not self._refreshing
-            if start_refresh:
-                self._refreshing = True
-        if first and start_refresh:
-            self._refresh()
-        elif start_refresh:
-            threading.Thread(target=self._refresh, name="agentstream-policy", daemon=True).start()
-        return self._value
-
-    def _refresh(self) -> None:
-        try:
-            value = self._read_last()
-        except Exception as exc:
-            log.warning("cannot read policy.updates from %s: %s", self.bootstrap_servers, exc)
-            value = None
-        with self._lock:
-            self._value = value or self._value
-            self._checked_at = time.monotonic()
-            self._refreshing = False
-
-    def _read_last(self) -> str | None:
-        from kafka import KafkaConsumer, TopicPartition
-
-        from schemas.codec import decode
-        from schemas.topics import POLICY_UPDATES
-
-        consumer = KafkaConsumer(
-            bootstrap_servers=self.bootstrap_servers,
-            group_id=None,
-            enable_auto_commit=False,
-            bootstrap_timeout_ms=self.timeout_ms,
-            request_timeout_ms=self.timeout_ms + 1000,
-        )
-        try:
-            tp = TopicPartition(POLICY_UPDATES, 0)
-            if not consumer.partitions_for_topic(POLICY_UPDATES):
-                return None
-            end = consumer.end_offsets([tp])[tp]
-            if end == 0:
-                return None
-            consumer.assign([tp])
-            consumer.seek(tp, end - 1)
-            deadline = time.monotonic() + self.timeout_ms / 1000
-            while time.monotonic() < deadline:
-                records = consumer.poll(timeout_ms=200).get(tp, [])
-                if records:
-                    return getattr(decode(records[-1].value), "policy_version", None)
-            return None
-        finally:
-            consumer.close()
-
-
 # --- asyncio ---------------------------------------------------------------------------------------
 
 
@@ -585,9 +338,7 @@ class AsyncAgentRecorder:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.sync.publish, event)
 
-    async def flush(
-        self, timeout: float | None = None, until: Literal["delivered", "spooled"] = "delivered"
-    ) -> bool:
+    async def flush(self, timeout: float | None = None, until: Until = "delivered") -> bool:
         return await asyncio.get_running_loop().run_in_executor(None, self.sync.flush, timeout, until)
 
     async def close(self, timeout: float | None = None) -> bool:

@@ -38,7 +38,8 @@ from pathlib import Path
 import crc32c
 import orjson
 
-from producers.errors import SpoolError
+from clients.files import fsync_dir
+from producers.errors import SpoolError, SpoolLocked
 
 log = logging.getLogger(__name__)
 
@@ -121,14 +122,6 @@ def scan_frames(data: bytes, start: int = len(MAGIC)) -> Iterator[tuple[int, int
             return
         yield pos, end, body
         pos = end
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _segment_name(first_seq: int) -> str:
@@ -247,7 +240,7 @@ class Spool:
             if self.fsync:
                 os.fsync(handle.fileno())
         if self.fsync:
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         self._segments.append(first_seq)
 
     def _rotate(self) -> None:
@@ -336,7 +329,7 @@ class Spool:
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
         if self.fsync:
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         self.cursor = Cursor(cursor.delivered, cursor.intent)
         self._drop_delivered_segments()
 
@@ -360,10 +353,6 @@ class Spool:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-
-
-class SpoolLocked(SpoolError):
-    """Another process owns this spool slot."""
 
 
 def _lock(path: Path) -> int:

@@ -1,9 +1,14 @@
-"""`agentstream ingest`: agent logs on disk -> agent.events (handler in producers/adapters/ingest.py)."""
+"""`agentstream ingest`: agent logs on disk -> agent.events (the work is `producers.adapters.ingest`).
+
+Its options are generated from `producers.adapters.ingest.IngestConfig`; `--json` (how the summary
+is shown) belongs to the command.
+"""
 
 from __future__ import annotations
 
+from infra.cli.configs import add_config_options, config_from_args
 from infra.cli.options import add_option, command_parser
-from producers.adapters.ingest import main
+from producers.adapters.ingest import IngestConfig
 
 
 def register(sub) -> None:
@@ -11,24 +16,37 @@ def register(sub) -> None:
     parser = command_parser(
         sub,
         "ingest",
-        main,
+        run_ingest,
         "convert agent logs (OpenHands, SWE-agent, mini-swe-agent, OpenAI/Anthropic chats, agentstream "
         "JSONL) into events and publish them to agent.events",
     )
     parser.add_argument(
         "paths", nargs="+", metavar="PATH", help="log files or directories (searched recursively)"
     )
-    add_option(
-        parser,
-        "--format",
-        default="auto",
-        choices=("auto", "openhands", "swe-agent", "mini-swe-agent", "openai", "anthropic", "jsonl"),
-        help="log format (auto: detected per file from its structure)",
-    )
-    add_option(parser, "--domain", default="", help="domain for every episode (default: per format)")
-    add_option(parser, "--agent", default="", help="agent name for every episode (default: from the log)")
-    add_option(parser, "--model", default="", help="model name for every episode (default: from the log)")
-    add_option(
-        parser, "--dry-run", action="store_true", default=False, help="convert and summarise, publish nothing"
-    )
+    add_config_options(parser, IngestConfig)
     add_option(parser, "--json", action="store_true", default=False, help="print the summary as JSON")
+
+
+def run_ingest(args) -> int:
+    import sys
+    from dataclasses import replace
+
+    import orjson
+    from tqdm import tqdm
+
+    from infra.cli import output
+    from producers.adapters.ingest import format_summary, ingest, succeeded
+    from schemas.settings import Settings
+
+    config = config_from_args(IngestConfig, args)
+    if not config.dry_run:  # a dry run needs no broker, so no bootstrap setting either
+        config = replace(config, bootstrap_servers=Settings.from_args(args).bootstrap_servers)
+
+    def progress(files):
+        return tqdm(files, desc="ingest", unit="file", file=sys.stderr, disable=None)
+
+    summary = ingest(args.paths, config, progress)
+    output.say(
+        orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() if args.json else format_summary(summary)
+    )
+    return 0 if succeeded(summary) else 1

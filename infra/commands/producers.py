@@ -1,11 +1,15 @@
-"""Subcommands of the producers package: `agentstream gateway` and `agentstream spool status|flush`.
+"""Subcommands of the producers package: `agentstream gateway`, `gateway-key` and `spool status|flush`.
 
-Handlers are imported lazily (infra/cli.py); this module only declares options.
+The gateway's options are generated from `producers.gateway_requests.GatewayConfig` (plus where to
+listen); handlers import the producers modules they run when they run.
 """
 
 from __future__ import annotations
 
+from infra.cli import output
+from infra.cli.configs import add_config_options, config_from_args
 from infra.cli.options import add_option, command_parser, group_parser
+from producers.gateway_requests import GatewayConfig
 
 
 def register(sub) -> None:
@@ -13,27 +17,7 @@ def register(sub) -> None:
     gateway = command_parser(sub, "gateway", run_gateway, "HTTP ingestion: POST /v1/events")
     add_option(gateway, "--host", default="127.0.0.1", help="address to bind")
     add_option(gateway, "--port", type=int, default=8080, help="port to bind (0: any free port)")
-    add_option(
-        gateway,
-        "--api-key-hashes",
-        env="AGENTSTREAM_GATEWAY_API_KEY_HASHES",
-        help="comma-separated sha256 hex digests of the accepted API keys (`agentstream gateway-key KEY`)",
-    )
-    add_option(
-        gateway, "--allow-anonymous", action="store_true", default=False, help="accept requests without a key"
-    )
-    add_option(
-        gateway, "--max-body-bytes", type=int, default=4 * 1024 * 1024, help="request size limit (413 above)"
-    )
-    add_option(gateway, "--max-events", type=int, default=10_000, help="events per request limit (413 above)")
-    add_option(
-        gateway,
-        "--ack-timeout-s",
-        type=float,
-        default=30.0,
-        help="wait this long for broker acks (503 after)",
-    )
-    add_option(gateway, "--client", default="kafka-python", help="Kafka client: kafka-python or aiokafka")
+    add_config_options(gateway, GatewayConfig)
     add_option(gateway, "--ready-file", help="write host:port here once listening")
 
     key = command_parser(sub, "gateway-key", run_gateway_key, "print the sha256 hash of an API key")
@@ -48,18 +32,11 @@ def register(sub) -> None:
 def run_gateway(args) -> int:
     import asyncio
 
-    from producers.gateway import GatewayConfig, parse_key_hashes, serve
+    from producers.gateway import serve
     from schemas.settings import Settings
 
-    settings = Settings.from_args(args)
-    config = GatewayConfig(
-        bootstrap_servers=settings.bootstrap_servers,
-        api_key_hashes=parse_key_hashes(args.api_key_hashes),
-        allow_anonymous=bool(args.allow_anonymous),
-        max_body_bytes=args.max_body_bytes,
-        max_events=args.max_events,
-        ack_timeout_s=args.ack_timeout_s,
-        client=args.client,
+    config = config_from_args(
+        GatewayConfig, args, bootstrap_servers=Settings.from_args(args).bootstrap_servers
     )
     try:
         asyncio.run(serve(config, args.host, args.port, args.ready_file))
@@ -71,7 +48,7 @@ def run_gateway(args) -> int:
 def run_gateway_key(args) -> int:
     from producers.gateway import hash_key
 
-    print(hash_key(args.key))
+    output.say(hash_key(args.key))
     return 0
 
 
@@ -81,11 +58,11 @@ def run_spool_status(args) -> int:
 
     root = Settings.from_args(args).data_dir / "spool"
     if not root.exists():
-        print(f"no spool under {root}")
+        output.say(f"no spool under {root}")
         return 0
     for row in slot_status(root):
         state = "in use by a running recorder" if row["in_use"] else f"{row['pending']} undelivered events"
-        print(f"{root / row['slot']}: {state}")
+        output.say(f"{root / row['slot']}: {state}")
     return 0
 
 
@@ -103,7 +80,7 @@ def run_spool_flush(args) -> int:
         try:
             spool = Spool(path)
         except SpoolLocked:
-            print(f"{path}: skipped (a running recorder owns it and delivers it)")
+            output.say(f"{path}: skipped (a running recorder owns it and delivers it)")
             continue
         try:
             before = spool.pending
@@ -112,7 +89,7 @@ def run_spool_flush(args) -> int:
             )
             done = delivery.drain(args.timeout_s)
             delivery.close()
-            print(f"{path}: delivered {before - spool.pending}, {spool.pending} left")
+            output.say(f"{path}: delivered {before - spool.pending}, {spool.pending} left")
             left += 0 if done else spool.pending
         finally:
             spool.close()

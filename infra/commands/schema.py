@@ -14,10 +14,10 @@ def register(sub) -> None:
 def export_command(args) -> int:
     from pathlib import Path
 
+    from infra.cli import output
     from schemas.export import export_schemas
 
     paths = export_schemas(Path(args.directory))
-    for path in paths:
-        print(path)
-    print(f"wrote {len(paths)} JSON Schemas to {args.directory}")
+    output.lines(paths)
+    output.say(f"wrote {len(paths)} JSON Schemas to {args.directory}")
     return 0

@@ -25,13 +25,9 @@ from typing import Any, Protocol
 
 import orjson
 
-from producers.errors import ProducerError
+from producers.errors import AdapterError
 from schemas.events import EpisodeEnded, EpisodeStarted, EventBase, StepRecorded
 from schemas.ids import derived_event_id
-
-
-class AdapterError(ProducerError):
-    """A log that cannot be converted: the message names the file, the field and what was wrong."""
 
 
 @dataclass(frozen=True)

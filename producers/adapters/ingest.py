@@ -1,11 +1,11 @@
 """`agentstream ingest PATH...`: convert agent logs on disk and publish them to `agent.events`.
 
-The pure part is `convert_file` (bytes -> events and rejections, no I/O). `main` is the shell: it
+The pure part is `convert_file` (bytes -> events and rejections, no I/O). `ingest` is the shell: it
 walks the paths, reads each file, publishes its events with a kafka-python producer (acks=all,
 keyed by trajectory id, one in-flight request so a trajectory stays in order), sends every rejected
-file or record to the dead-letter topic (stage "ingest", the file path as source key), shows a tqdm
-progress bar on stderr and ends with a summary. Exit status 1 when anything was rejected or could
-not be published; the valid files of the same run still land.
+file or record to the dead-letter topic (stage "ingest", the file path as source key) and returns a
+summary. The command (`infra/commands/ingest.py`) shows progress and the summary, and exits 1 when
+anything was rejected or could not be published; the valid files of the same run still land.
 
 Idempotent: event ids depend only on the format, the file's bytes and positions inside it, so
 ingesting a file again re-publishes the same ids (sinks deduplicate on event_id).
@@ -14,7 +14,7 @@ ingesting a file again re-publishes the same ids (sinks deduplicate on event_id)
 from __future__ import annotations
 
 import logging
-import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +24,7 @@ import orjson
 
 from producers.adapters.agentstream_jsonl import ReadyEvents
 from producers.adapters.base import AdapterError, Overrides, Rejection, build_events, load_document
-from producers.adapters.detect import adapter_for, detect_format
+from producers.adapters.detect import FORMATS, adapter_for, detect_format
 from schemas.events import EventBase
 
 log = logging.getLogger(__name__)
@@ -173,31 +173,46 @@ def format_summary(summary: dict[str, Any]) -> str:
 # --- the shell ------------------------------------------------------------------------------------
 
 
-def main(args) -> int:
-    """CLI handler for `agentstream ingest`."""
-    from tqdm import tqdm
+@dataclass(frozen=True)
+class IngestConfig:
+    """One `agentstream ingest` run; documented fields are its options."""
 
-    from schemas.settings import Settings
+    bootstrap_servers: str = ""
+    format: str = field(
+        default="auto",
+        metadata={"help": "log format (auto: detected per file from its structure)", "choices": FORMATS},
+    )
+    domain: str = field(default="", metadata={"help": "domain for every episode (default: per format)"})
+    agent: str = field(default="", metadata={"help": "agent name for every episode (default: from the log)"})
+    model: str = field(default="", metadata={"help": "model name for every episode (default: from the log)"})
+    dry_run: bool = field(default=False, metadata={"help": "convert and summarise, publish nothing"})
 
-    files, skipped, missing = collect_paths(args.paths)
-    overrides = Overrides(domain=args.domain or "", agent=args.agent or "", model=args.model or "")
-    publisher = None if args.dry_run else Publisher(Settings.from_args(args).bootstrap_servers)
+
+def ingest(
+    paths: list[str], config: IngestConfig, progress: Callable[[list[Path]], Iterable[Path]] = iter
+) -> dict[str, Any]:
+    """Convert the files under `paths` and publish them (unless `dry_run`); returns the summary
+    (`summarize`). `progress` wraps the list of files (the command shows a progress bar with it)."""
+    files, skipped, missing = collect_paths(paths)
+    overrides = Overrides(domain=config.domain, agent=config.agent, model=config.model)
+    publisher = None if config.dry_run else Publisher(config.bootstrap_servers)
     reports: list[FileReport] = [_missing_report(raw) for raw in missing]
     dead_letters = 0
     try:
-        for path in tqdm(files, desc="ingest", unit="file", file=sys.stderr, disable=None):
-            report = _read_and_convert(path, args.format, overrides)
+        for path in progress(files):
+            report = _read_and_convert(path, config.format, overrides)
             reports.append(report)
             if publisher is not None:
                 dead_letters += publisher.deliver(report)
     finally:
         if publisher is not None:
             publisher.close()
-    summary = summarize(reports, skipped, args.dry_run, dead_letters)
-    print(
-        orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() if args.json else format_summary(summary)
-    )
-    return 0 if summary["rejected"] == 0 and reports else 1
+    return summarize(reports, skipped, config.dry_run, dead_letters)
+
+
+def succeeded(summary: dict[str, Any]) -> bool:
+    """Whether a run read at least one file and rejected nothing."""
+    return summary["rejected"] == 0 and summary["files"] > 0
 
 
 def _missing_report(raw: str) -> FileReport:
@@ -217,22 +232,14 @@ class Publisher:
     """kafka-python producer for converted events and dead letters (acks=all, ordered per key)."""
 
     def __init__(self, bootstrap_servers: str, timeout_s: float = 30.0):
-        from kafka import KafkaProducer
-
-        from clients.kafka import ensure_topics
+        from clients.kafka import ensure_topics, make_producer
         from schemas.topics import AGENT_EVENTS, DLQ, TOPICS
 
         self.timeout_s = timeout_s
         try:
             ensure_topics(bootstrap_servers, [TOPICS[AGENT_EVENTS], TOPICS[DLQ]], timeout_s=timeout_s)
-            self.producer = KafkaProducer(
-                bootstrap_servers=bootstrap_servers,
-                client_id="agentstream-ingest",
-                acks="all",
-                retries=5,
-                max_in_flight_requests_per_connection=1,
-                linger_ms=5,
-                max_request_size=8 * 1024 * 1024,
+            self.producer = make_producer(
+                bootstrap_servers, "agentstream-ingest", retries=5, max_in_flight_requests_per_connection=1
             )
         except Exception as exc:  # kafka-python raises several unrelated types for "no broker"
             raise AdapterError(

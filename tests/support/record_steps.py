@@ -23,6 +23,12 @@ from producers.delivery import SpoolDelivery
 from producers.recorder import AgentRecorder
 
 
+def _say(*parts: object) -> None:
+    """A line for the parent test to read at once (this child process talks over stdout)."""
+    sys.stdout.write(" ".join(str(p) for p in parts) + "\n")
+    sys.stdout.flush()
+
+
 def record(bootstrap: str, data_dir: str, trajectories: int, steps: int) -> int:
     rec = AgentRecorder(bootstrap, data_dir, agent="kill9", model="m", chunk_records=10, close_timeout_s=1)
     for t in range(trajectories):
@@ -31,7 +37,7 @@ def record(bootstrap: str, data_dir: str, trajectories: int, steps: int) -> int:
                 ep.step(tool="bash", params={"i": i}, observation="o" * 2048)
             ep.end(success=True)
     ok = rec.flush(30, until="spooled")
-    print("SPOOLED" if ok else "NOT SPOOLED", flush=True)
+    _say("SPOOLED" if ok else "NOT SPOOLED")
     rec.close(1)
     return 0 if ok else 1
 
@@ -45,14 +51,14 @@ def deliver(bootstrap: str, data_dir: str, die_after: int | None) -> int:
             original(self, records)
             chunks.append(len(records))
             if len(chunks) >= die_after:
-                print("KILLING MYSELF after", sum(chunks), "acknowledged records", flush=True)
+                _say("KILLING MYSELF after", sum(chunks), "acknowledged records")
                 os.kill(os.getpid(), signal.SIGKILL)
 
         SpoolDelivery._send = send_then_die
     rec = AgentRecorder(bootstrap, data_dir, agent="kill9", chunk_records=10)
-    print("DELIVERING", rec.pending, flush=True)
+    _say("DELIVERING", rec.pending)
     ok = rec.flush(60)
-    print("DELIVERED" if ok else "NOT DELIVERED", rec.pending, flush=True)
+    _say("DELIVERED" if ok else "NOT DELIVERED", rec.pending)
     rec.close(5)
     return 0 if ok else 1
 
@@ -63,7 +69,7 @@ def stream(bootstrap: str, data_dir: str) -> int:
     for i in range(100_000):
         ep.step(tool="bash", params={"i": i}, observation="o" * 2048)
         if (i + 1) % 50 == 0 and rec.flush(30, until="spooled"):
-            print("DURABLE", i + 1, flush=True)
+            _say("DURABLE", i + 1)
             time.sleep(0.01)  # an agent thinks between steps; lets the delivery thread run
     return 0
 

@@ -111,12 +111,11 @@ def gateway(tmp_path_factory):
     root = tmp_path_factory.mktemp("gateway")
     broker = start_broker(root / "broker")
     ready = root / "gateway.ready"
-    # The key hash goes on the command line: under `python -m infra.cli` the AGENTSTREAM_* fallbacks of
-    # options registered by packages are not applied (infra/cli.py is imported twice; reported).
+    # The key hash comes from the environment: the option's AGENTSTREAM_* fallback is what a deployment uses.
     args = [*AGENTSTREAM, "gateway", "--bootstrap-servers", broker.bootstrap, "--port", "0",
-            "--api-key-hashes", hash_key(KEY), "--max-body-bytes", "4000",
-            "--ready-file", str(ready)]  # fmt: skip
-    proc = Proc(args, root / "gateway.log")
+            "--max-body-bytes", "4000", "--ready-file", str(ready)]  # fmt: skip
+    env = {"AGENTSTREAM_GATEWAY_API_KEY_HASHES": hash_key(KEY)}
+    proc = Proc(args, root / "gateway.log", env=env)
 
     def listening():
         if not proc.alive():

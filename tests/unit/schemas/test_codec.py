@@ -33,8 +33,11 @@ JSON_VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=8,
 )
+# hypothesis takes naive bounds and attaches the zone from `timezones`: the values drawn are aware
 AWARE_DATETIMES = st.datetimes(
-    min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
+    min_value=datetime(2000, 1, 1),  # noqa: DTZ001
+    max_value=datetime(2100, 1, 1),  # noqa: DTZ001
+    timezones=st.just(UTC),
 )
 
 

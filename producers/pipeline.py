@@ -1,0 +1,257 @@
+"""The plumbing under `AgentRecorder` (see `producers.recorder` for the contract it keeps):
+
+    caller thread --put--> EventBuffer --writer thread--> Spool (fsynced) --delivery thread--> Kafka
+
+`EventBuffer` is the bounded hand-off from callers; `RecordingPipeline` owns the spool slot and the
+two threads, and answers "spooled yet?" / "delivered yet?" by acceptance number. The recorder
+builds and validates events; nothing here knows what an event means.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from producers.delivery import DeliveryConfig, SpoolDelivery
+from producers.errors import ProducerError, RecorderBufferFull, RecorderClosed
+from producers.spool import Spool, SpoolRecord
+
+log = logging.getLogger(__name__)
+
+SDK_VERSION = "0.1.0"
+OnFull = Literal["block", "raise"]
+Until = Literal["delivered", "spooled"]
+
+
+@dataclass(frozen=True)
+class RecorderConfig:
+    """Tuning of the recorder; every field can also be given to `AgentRecorder(...)` by name."""
+
+    buffer_size: int = 10_000
+    on_full: OnFull = "block"
+    block_timeout_s: float = 10.0
+    linger_ms: int = 5
+    chunk_records: int = 2000
+    fsync: bool = True
+    segment_bytes: int = 64 * 1024 * 1024
+    policy_ttl_s: float = 5.0
+    connect_timeout_ms: int = 3000
+    delivery_timeout_ms: int = 30_000
+    close_timeout_s: float = 10.0
+    max_event_bytes: int = 1_000_000  # Apache Kafka's default message.max.bytes
+    producer: str = f"sdk/{SDK_VERSION}"
+
+    def __post_init__(self):
+        if self.on_full not in ("block", "raise"):
+            raise ProducerError(f"on_full: expected 'block' or 'raise', got {self.on_full!r}")
+        if self.buffer_size < 1:
+            raise ProducerError(f"buffer_size: must be at least 1, got {self.buffer_size!r}")
+
+
+class EventBuffer:
+    """A bounded FIFO between callers and the writer thread.
+
+    >>> buf = EventBuffer(1)
+    >>> buf.put("a", "raise")
+    1
+    >>> try:
+    ...     buf.put("b", "raise")
+    ... except RecorderBufferFull as exc:
+    ...     print(exc.capacity)
+    1
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._items: deque = deque()
+        self._cond = threading.Condition()
+        self.accepted = 0
+        self.closed = False
+
+    def put(self, item: Any, on_full: OnFull = "block", timeout_s: float = 10.0) -> int:
+        """Append `item`; returns its 1-based acceptance number."""
+        with self._cond:
+            if self.closed:
+                raise RecorderClosed("the recorder is closed; create a new one to record more events")
+            if len(self._items) >= self.capacity:
+                if on_full == "raise":
+                    raise RecorderBufferFull(self.capacity)
+                start = time.monotonic()
+                if not self._cond.wait_for(
+                    lambda: len(self._items) < self.capacity or self.closed, timeout_s
+                ):
+                    raise RecorderBufferFull(self.capacity, time.monotonic() - start)
+                if self.closed:
+                    raise RecorderClosed("the recorder was closed while waiting for buffer room")
+            self._items.append(item)
+            self.accepted += 1
+            self._cond.notify_all()
+            return self.accepted
+
+    def take(self, max_items: int, wait_s: float) -> list:
+        """Up to `max_items` items, waiting up to `wait_s` for the first one."""
+        with self._cond:
+            if not self._items:
+                self._cond.wait_for(lambda: self._items or self.closed, wait_s)
+            out = [self._items.popleft() for _ in range(min(max_items, len(self._items)))]
+            if out:
+                self._cond.notify_all()
+            return out
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class RecordingPipeline:
+    """Buffer, spool writer thread and delivery thread of one recorder (one spool slot under
+    `spool_root`). `on_delivered(records)` is called from the delivery thread after each
+    acknowledged chunk."""
+
+    def __init__(
+        self,
+        spool_root: Path,
+        config: RecorderConfig,
+        delivery_config: DeliveryConfig,
+        on_delivered: Callable[[list[SpoolRecord]], None] | None = None,
+    ):
+        self.config = config
+        self.spool = Spool.open_slot(spool_root, segment_bytes=config.segment_bytes, fsync=config.fsync)
+        self._base_seq = self.spool.end_seq  # acceptance number n is spool sequence base + n - 1
+        self._buffer = EventBuffer(config.buffer_size)
+        self._progress = threading.Condition()
+        self._spooled_seq = self.spool.end_seq
+        self.writer_error: BaseException | None = None
+        self._wake = threading.Event()
+        self._stop_delivery = threading.Event()
+        self.broker_failing = False  # the last delivery attempt failed (the broker is unreachable?)
+        self._user_on_delivered = on_delivered
+        self._delivery = SpoolDelivery(self.spool, delivery_config, on_delivered=self._on_delivered)
+        self._writer = threading.Thread(target=self._write_loop, name="agentstream-spool-writer", daemon=True)
+        self._sender = threading.Thread(target=self._deliver_loop, name="agentstream-delivery", daemon=True)
+        self._writer.start()
+        self._sender.start()
+        if self.spool.pending:
+            log.info(
+                "spool %s: %d undelivered events from an earlier run",
+                self.spool.directory,
+                self.spool.pending,
+            )
+
+    def put(self, record: SpoolRecord, on_full: OnFull | None = None) -> int:
+        """Accept one encoded record; returns its acceptance number."""
+        if self.writer_error is not None:
+            raise ProducerError(
+                f"the spool writer failed; nothing more can be recorded: {self.writer_error!r}"
+            )
+        return self._buffer.put(record, on_full or self.config.on_full, self.config.block_timeout_s)
+
+    # --- threads ----------------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            batch = self._buffer.take(max_items=self.config.chunk_records, wait_s=0.1)
+            if not batch:
+                if self._buffer.closed and not len(self._buffer):
+                    return
+                continue
+            try:
+                end = self.spool.append(batch)
+            except BaseException as exc:  # a full or failing disk: surface to callers, never drop silently
+                log.exception("spool %s: cannot write %d events", self.spool.directory, len(batch))
+                self.writer_error = exc
+                with self._progress:
+                    self._progress.notify_all()
+                return
+            with self._progress:
+                self._spooled_seq = end
+                self._progress.notify_all()
+            self._wake.set()
+
+    def _deliver_loop(self) -> None:
+        backoff = self._delivery.config.retry_backoff_s
+        while not self._stop_delivery.is_set():
+            if self.spool.pending == 0:
+                self._wake.wait(0.1)
+                self._wake.clear()
+                continue
+            try:
+                self._delivery.deliver_once()
+                backoff = self._delivery.config.retry_backoff_s
+                self.broker_failing = False
+            except Exception as exc:
+                with self._progress:
+                    self.broker_failing = True
+                    self._progress.notify_all()
+                backoff = self._delivery.backoff_after_failure(exc, backoff, 1e9, self._stop_delivery)
+
+    def _on_delivered(self, records: list[SpoolRecord]) -> None:
+        with self._progress:
+            self._progress.notify_all()
+        if self._user_on_delivered is not None:
+            try:
+                self._user_on_delivered(records)
+            except Exception:
+                log.exception("on_delivered callback failed")
+
+    # --- flushing and closing ---------------------------------------------------------------------
+
+    def flush(self, timeout: float | None, until: Until = "delivered", stop_if_failing: bool = False) -> bool:
+        """Wait until every record accepted before this call is spooled or delivered; False if
+        `timeout` seconds passed first (or, with `stop_if_failing`, once the broker is failing)."""
+        target = self._base_seq + self._buffer.accepted
+
+        def done() -> bool:
+            if self.writer_error is not None:
+                raise ProducerError(f"the spool writer failed: {self.writer_error!r}")
+            return self._reached(until) >= target or (stop_if_failing and self.broker_failing)
+
+        self._wake.set()
+        with self._progress:
+            self._progress.wait_for(done, timeout)
+        return self._reached(until) >= target
+
+    def _reached(self, until: Until) -> int:
+        return self._spooled_seq if until == "spooled" else self.spool.cursor.delivered
+
+    @property
+    def pending(self) -> int:
+        """Records accepted but not yet acknowledged by the broker (buffered + spooled)."""
+        return len(self._buffer) + self.spool.pending
+
+    def close(self, timeout: float) -> bool:
+        """Spool everything buffered, deliver for up to `timeout` seconds, stop the threads.
+        True if nothing is left undelivered."""
+        deadline = time.monotonic() + timeout
+        self._buffer.close()
+        self._writer.join()  # local disk only: bounded by the buffer size
+        # With the broker failing, do not hold the process up: everything is durable in the spool.
+        delivered = self.flush(max(0.0, deadline - time.monotonic()), stop_if_failing=True)
+        self._stop_delivery.set()
+        self._sender.join(timeout=max(1.0, deadline - time.monotonic()))
+        if self._sender.is_alive():
+            # Keep the spool locked until this process exits so no other process replays it meanwhile.
+            log.warning(
+                "spool %s: delivery thread still busy at close; %d events stay spooled",
+                self.spool.directory,
+                self.spool.pending,
+            )
+            return False
+        self._delivery.close()
+        left = self.spool.pending
+        self.spool.close()
+        if left:
+            log.warning(
+                "closed with %d events undelivered; they stay in the spool %s", left, self.spool.directory
+            )
+        return delivered and left == 0
