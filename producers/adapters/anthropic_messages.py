@@ -35,11 +35,15 @@ from producers.adapters.base import (
     EpisodeDraft,
     Rejection,
     StepDraft,
+    apply_chat_outcome,
+    chat_drafts,
     chat_episodes,
+    chat_task_id,
     describe,
     non_negative,
     parse_timestamp,
     shape_of,
+    sum_step_tokens,
     text_of,
 )
 from producers.adapters.tools import normalise_tool
@@ -63,11 +67,6 @@ class _Turn:
 
 def _is_message(value: Any) -> bool:
     return isinstance(value, dict) and value.get("role") in ("user", "assistant") and "content" in value
-
-
-def _is_record(value: Any) -> bool:
-    messages = value.get("messages") if isinstance(value, dict) else None
-    return isinstance(messages, list) and bool(messages) and all(_is_message(m) for m in messages)
 
 
 def _is_claude_code(doc: Document) -> bool:
@@ -102,7 +101,7 @@ def detect(doc: Document) -> float:
 
 
 def _episodes(doc: Document) -> list[tuple[str, dict, str]]:
-    return chat_episodes(doc, _is_message, _is_record)
+    return chat_episodes(doc, _is_message)
 
 
 def parse(doc: Document) -> Iterator[EpisodeDraft | Rejection]:
@@ -116,11 +115,7 @@ def parse(doc: Document) -> Iterator[EpisodeDraft | Rejection]:
             "(role user/assistant, content string or blocks), a JSON Lines file of them, an array of "
             f"messages, or a Claude Code session; got {shape_of(doc)}"
         )
-    for key, record, where in episodes:
-        try:
-            yield _record_episode(doc, key, record, multi=len(episodes) > 1)
-        except AdapterError as exc:
-            yield Rejection(f"{doc.path}: {where}", str(exc), record)
+    yield from chat_drafts(doc, episodes, _record_episode)
 
 
 def _record_episode(doc: Document, key: str, record: dict, multi: bool) -> EpisodeDraft:
@@ -134,9 +129,7 @@ def _record_episode(doc: Document, key: str, record: dict, multi: bool) -> Episo
         metadata["record_metadata"] = meta
     draft = EpisodeDraft(
         key=key,
-        task_id=str(
-            record.get("task_id") or meta.get("task_id") or record.get("id") or _task_id(doc, key, multi)
-        ),
+        task_id=chat_task_id(doc, key, record, meta, multi),
         task=walk.task,
         domain="generic" if any(s.tool != "message" for s in walk.steps) else "conversation",
         agent=str(record.get("agent") or meta.get("agent") or ""),
@@ -146,10 +139,6 @@ def _record_episode(doc: Document, key: str, record: dict, multi: bool) -> Episo
     )
     _apply_outcome(draft, record, meta)
     return draft
-
-
-def _task_id(doc: Document, key: str, multi: bool) -> str:
-    return f"{doc.stem}-{key}" if multi else doc.stem
 
 
 def _claude_code_episode(doc: Document) -> EpisodeDraft:
@@ -294,19 +283,5 @@ def _usage(usage: dict) -> tuple[int | None, int | None]:
 
 
 def _apply_outcome(draft: EpisodeDraft, record: dict, meta: dict) -> None:
-    """Explicit outcome fields only: `success` (bool) and `score` (0..1), on the record or its metadata."""
-    for source, holder in (("record", record), ("metadata", meta)):
-        if isinstance(holder.get("success"), bool):
-            draft.success = holder["success"]
-            draft.outcome_source = f"{source}.success"
-        score = holder.get("score")
-        if isinstance(score, int | float) and not isinstance(score, bool) and 0.0 <= score <= 1.0:
-            draft.score = float(score)
-            if draft.outcome_source == "unknown":
-                draft.outcome_source = f"{source}.score"
-    if draft.outcome_source == "unknown":
-        draft.terminated = False
-    step_tokens = [s for s in draft.steps if s.input_tokens is not None]
-    if step_tokens:
-        draft.input_tokens = sum(s.input_tokens or 0 for s in step_tokens)
-        draft.output_tokens = sum(s.output_tokens or 0 for s in step_tokens)
+    apply_chat_outcome(draft, record, meta)
+    sum_step_tokens(draft)

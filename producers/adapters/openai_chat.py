@@ -31,11 +31,15 @@ from producers.adapters.base import (
     EpisodeDraft,
     Rejection,
     StepDraft,
+    apply_chat_outcome,
+    chat_drafts,
     chat_episodes,
+    chat_task_id,
     json_args,
     non_negative,
     parse_timestamp,
     shape_of,
+    sum_step_tokens,
     text_of,
 )
 from producers.adapters.tools import normalise_tool
@@ -71,13 +75,8 @@ def _is_message(value: Any) -> bool:
     return isinstance(value, dict) and value.get("role") in _ROLES
 
 
-def _is_record(value: Any) -> bool:
-    messages = value.get("messages") if isinstance(value, dict) else None
-    return isinstance(messages, list) and bool(messages) and all(_is_message(m) for m in messages)
-
-
 def _episodes(doc: Document) -> list[tuple[str, dict, str]]:
-    return chat_episodes(doc, _is_message, _is_record)
+    return chat_episodes(doc, _is_message)
 
 
 def parse(doc: Document) -> Iterator[EpisodeDraft | Rejection]:
@@ -88,11 +87,7 @@ def parse(doc: Document) -> Iterator[EpisodeDraft | Rejection]:
             f"role in {sorted(_ROLES)}), a JSON Lines file of them, or an array of messages; "
             f"got {shape_of(doc)}"
         )
-    for key, record, where in episodes:
-        try:
-            yield _episode(doc, key, record, multi=len(episodes) > 1)
-        except AdapterError as exc:
-            yield Rejection(f"{doc.path}: {where}", str(exc), record)
+    yield from chat_drafts(doc, episodes, _episode)
 
 
 def _episode(doc: Document, key: str, record: dict, multi: bool) -> EpisodeDraft:
@@ -109,9 +104,7 @@ def _episode(doc: Document, key: str, record: dict, multi: bool) -> EpisodeDraft
         metadata["record_metadata"] = meta
     draft = EpisodeDraft(
         key=key,
-        task_id=str(
-            record.get("task_id") or meta.get("task_id") or record.get("id") or _task_id(doc, key, multi)
-        ),
+        task_id=chat_task_id(doc, key, record, meta, multi),
         task=task,
         domain="generic" if any(s.tool != "message" for s in steps) else "conversation",
         agent=str(record.get("agent") or meta.get("agent") or ""),
@@ -121,10 +114,6 @@ def _episode(doc: Document, key: str, record: dict, multi: bool) -> EpisodeDraft
     )
     _apply_outcome(draft, record, meta)
     return draft
-
-
-def _task_id(doc: Document, key: str, multi: bool) -> str:
-    return f"{doc.stem}-{key}" if multi else doc.stem
 
 
 def _steps(messages: list[dict]) -> tuple[list[StepDraft], str, int, list[str]]:
@@ -213,22 +202,9 @@ def _usage(message: dict) -> tuple[int | None, int | None]:
 
 
 def _apply_outcome(draft: EpisodeDraft, record: dict, meta: dict) -> None:
-    """Explicit outcome fields only: `success` (bool) and `score` (0..1), on the record or its metadata."""
-    for source, holder in (("record", record), ("metadata", meta)):
-        if isinstance(holder.get("success"), bool):
-            draft.success = holder["success"]
-            draft.outcome_source = f"{source}.success"
-        score = holder.get("score")
-        if isinstance(score, int | float) and not isinstance(score, bool) and 0.0 <= score <= 1.0:
-            draft.score = float(score)
-            if draft.outcome_source == "unknown":
-                draft.outcome_source = f"{source}.score"
-    if draft.outcome_source == "unknown":
-        draft.terminated = False
+    apply_chat_outcome(draft, record, meta)
     usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
     draft.input_tokens = non_negative(usage.get("prompt_tokens"))
     draft.output_tokens = non_negative(usage.get("completion_tokens"))
-    step_tokens = [s for s in draft.steps if s.input_tokens is not None]
-    if draft.input_tokens is None and step_tokens:
-        draft.input_tokens = sum(s.input_tokens or 0 for s in step_tokens)
-        draft.output_tokens = sum(s.output_tokens or 0 for s in step_tokens)
+    if draft.input_tokens is None:
+        sum_step_tokens(draft)

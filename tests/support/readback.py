@@ -1,4 +1,5 @@
-"""Read a topic back with a real kafka-python consumer (tests of the producers package)."""
+"""Read a topic back with a real kafka-python consumer (tests of the producers package), through
+`clients.kafka` like the product does."""
 
 from __future__ import annotations
 
@@ -6,48 +7,26 @@ import time
 
 import orjson
 
+from clients.kafka import make_consumer, read_to_end
+
 
 def read_topic(bootstrap: str, topic: str, min_records: int = 0, timeout_s: float = 30.0) -> list[dict]:
     """Every record of `topic` (all partitions, from the beginning) as dicts with `key`,
     `partition`, `offset` and the decoded `value`; waits until at least `min_records` exist."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            partitions = consumer.partitions_for_topic(topic) or set()
-            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-            ends = consumer.end_offsets(tps) if tps else {}
-            if sum(ends.values()) >= min_records or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        if not tps:
-            return []
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        out = []
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            for tp, batch in consumer.poll(timeout_ms=500).items():
-                out.extend(
-                    {
-                        "key": r.key,
-                        "partition": tp.partition,
-                        "offset": r.offset,
-                        "value": orjson.loads(r.value),
-                    }
-                    for r in batch
-                )
-        return out
-    finally:
-        consumer.close()
+    deadline = time.monotonic() + timeout_s
+    while count_records(bootstrap, topic) < min_records and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [
+        {"key": r.key, "partition": r.partition, "offset": r.offset, "value": orjson.loads(r.value)}
+        for r in read_to_end(bootstrap, [topic], timeout_s)
+    ]
 
 
 def count_records(bootstrap: str, topic: str) -> int:
     """How many records `topic` holds (sum of end offsets); 0 if it does not exist yet."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    consumer = make_consumer(bootstrap, "agentstream-test-readback")
     try:
         partitions = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in partitions]
