@@ -21,6 +21,11 @@ request may have been written, and the body says which event ids were acknowledg
 same events is safe: event ids identify events and every consumer deduplicates on them.
 
 The gateway does not spool: an answer of 202 means the events are on the broker; 503 means retry.
+
+This module is the HTTP shell (aiohttp handlers, `create_app`, `serve`). The pure core - config,
+API keys, body -> events or errors - is `producers.gateway_requests`; sending to Kafka is
+`producers.gateway_publishers`; the OpenAPI document is `producers.openapi`. Their public names are
+re-exported here.
 """
 
 from __future__ import annotations

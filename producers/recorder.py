@@ -32,6 +32,9 @@ shows it); a recorder's threads do not survive `fork()`, so create one recorder 
 that cannot be written makes every later `step()` and `flush()` raise `ProducerError` (the events of
 the batch being written at that moment are reported lost that way, never silently).
 
+Here lives the public API (`AgentRecorder`, `Episode` and their asyncio variants); the buffer and
+the two threads are `producers.pipeline`, policy following is `producers.policy_follower`.
+
 Buffer policy when full (`on_full`): "block" waits up to `block_timeout_s` for room, then raises
 `RecorderBufferFull`; "raise" raises at once. The buffer only fills when the disk cannot keep up: a
 broker outage does not block the agent, it grows the spool.
