@@ -1,6 +1,6 @@
 """The sink contract (Quix-style): `add` rows, `flush` them durably, `close`.
 
-A sink buffers rows with the coordinates of the record they came from, so that rows it cannot write
+A sink buffers rows with the record they came from (`schemas.records.Record`), so that rows it cannot write
 are handed back as `Rejected` (for the dead-letter topic) instead of being dropped.
 """
 
@@ -8,17 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Source:
-    """Where a row came from: the Kafka record's coordinates, key and raw value."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None = None
-    value: bytes = b""
-    timestamp_ms: int | None = None
+from schemas.records import Record
 
 
 @dataclass(frozen=True)
@@ -26,7 +16,7 @@ class Rejected:
     """A row the destination refused, why, and where it came from."""
 
     table: str
-    source: Source
+    source: Record
     reason: str
     error_type: str
 
@@ -34,7 +24,7 @@ class Rejected:
 class Sink:
     """Base class: subclasses write buffered rows to one destination."""
 
-    def add(self, table: str, row: tuple, source: Source) -> None:
+    def add(self, table: str, row: tuple, source: Record) -> None:
         raise NotImplementedError
 
     def flush(self) -> list[Rejected]:

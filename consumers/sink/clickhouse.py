@@ -15,14 +15,15 @@ import time
 from collections import defaultdict
 
 from clients.clickhouse import DATABASE
-from consumers.sink.base import Rejected, Sink, Source
+from consumers.errors import SinkError
+from consumers.sink.base import Rejected, Sink
 from consumers.sink.rows import COLUMNS
-from schemas.errors import AgentstreamError
+from schemas.records import Record
 
 log = logging.getLogger(__name__)
 
 
-class SinkUnavailable(AgentstreamError):
+class SinkUnavailable(SinkError):
     """ClickHouse stayed unreachable for longer than the retry budget (the worker exits 1)."""
 
 
@@ -40,7 +41,7 @@ def is_server_refusal(exc: BaseException) -> bool:
     return isinstance(exc, DatabaseError) and not isinstance(exc, DataError) and not is_retryable(exc)
 
 
-Buffered = dict[str, tuple[list[tuple], list[Source]]]
+Buffered = dict[str, tuple[list[tuple], list[Record]]]
 
 
 class ClickHouseSink(Sink):
@@ -59,7 +60,7 @@ class ClickHouseSink(Sink):
         self.max_retry_s = max_retry_s
         self.backoff_s = backoff_s
         self._rows: dict[str, list[tuple]] = defaultdict(list)
-        self._sources: dict[str, list[Source]] = defaultdict(list)
+        self._sources: dict[str, list[Record]] = defaultdict(list)
         self._contexts: dict[str, object] = {}
         self.rows_written = 0
 
@@ -67,7 +68,7 @@ class ClickHouseSink(Sink):
     def pending(self) -> int:
         return sum(len(rows) for rows in self._rows.values())
 
-    def add(self, table: str, row: tuple, source: Source) -> None:
+    def add(self, table: str, row: tuple, source: Record) -> None:
         self._rows[table].append(row)
         self._sources[table].append(source)
 
@@ -89,7 +90,7 @@ class ClickHouseSink(Sink):
     def flush(self) -> list[Rejected]:
         return self.write(self.take())
 
-    def _write_table(self, table: str, rows: list[tuple], sources: list[Source]) -> list[Rejected]:
+    def _write_table(self, table: str, rows: list[tuple], sources: list[Record]) -> list[Rejected]:
         try:
             self._insert_with_retry(table, rows)
         except SinkUnavailable:
@@ -100,7 +101,7 @@ class ClickHouseSink(Sink):
         self.rows_written += len(rows)
         return []
 
-    def _write_one_by_one(self, table: str, rows: list[tuple], sources: list[Source]) -> list[Rejected]:
+    def _write_one_by_one(self, table: str, rows: list[tuple], sources: list[Record]) -> list[Rejected]:
         rejected, refusals = [], []
         for row, source in zip(rows, sources, strict=True):
             try:

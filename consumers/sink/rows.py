@@ -28,181 +28,63 @@ from schemas.events import (
     TrajectoryScored,
 )
 
+
+def _columns(names: str) -> tuple[str, ...]:
+    return tuple(names.split())
+
+
 COLUMNS: dict[str, tuple[str, ...]] = {
-    "events": (
-        "event_id",
-        "type",
-        "schema_version",
-        "trajectory_id",
-        "occurred_at",
-        "producer",
-        "topic",
-        "partition",
-        "offset",
-        "raw",
+    "events": _columns(
+        "event_id type schema_version trajectory_id occurred_at producer topic partition offset raw"
     ),
-    "episodes": (
-        "trajectory_id",
-        "task_id",
-        "task",
-        "domain",
-        "agent",
-        "model",
-        "policy_version",
-        "group_id",
-        "reference_steps",
-        "metadata",
-        "started_at",
-        "ended_at",
-        "success",
-        "score",
-        "tests_passed",
-        "tests_failed",
-        "terminated",
-        "truncated",
-        "total_steps",
-        "error",
+    "episodes": _columns(
+        "trajectory_id task_id task domain agent model policy_version group_id reference_steps "
+        "metadata started_at ended_at success score tests_passed tests_failed terminated truncated "
+        "total_steps error"
     ),
-    "steps": (
-        "event_id",
-        "trajectory_id",
-        "step_index",
-        "occurred_at",
-        "thought",
-        "tool",
-        "params",
-        "observation",
-        "exit_code",
-        "error",
-        "model",
-        "policy_version",
-        "input_tokens",
-        "output_tokens",
-        "latency_ms",
-        "sampled_tokens",
-        "producer",
+    "steps": _columns(
+        "event_id trajectory_id step_index occurred_at thought tool params observation exit_code error "
+        "model policy_version input_tokens output_tokens latency_ms sampled_tokens producer"
     ),
-    "rule_rewards": (
-        "event_id",
-        "trajectory_id",
-        "step_index",
-        "occurred_at",
-        "redundancy",
-        "regression",
-        "info_utilization",
-        "score",
-        "domain",
-        "reward_version",
-        "source_event_id",
+    "rule_rewards": _columns(
+        "event_id trajectory_id step_index occurred_at redundancy regression info_utilization score "
+        "domain reward_version source_event_id"
     ),
-    "judge_scores": (
-        "event_id",
-        "trajectory_id",
-        "kind",
-        "step_index",
-        "occurred_at",
-        "scores",
-        "score",
-        "rationale",
-        "judge_model",
-        "prompt_version",
-        "input_tokens",
-        "output_tokens",
-        "cost_usd",
-        "latency_ms",
-        "cached",
-        "group_id",
-        "mode",
-        "source_event_id",
-        "failure_reason",
-        "failure_kind",
-        "attempts",
+    "judge_scores": _columns(
+        "event_id trajectory_id kind step_index occurred_at scores score rationale judge_model "
+        "prompt_version input_tokens output_tokens cost_usd latency_ms cached group_id mode "
+        "source_event_id failure_reason failure_kind attempts"
     ),
-    "annotations": (
-        "event_id",
-        "trajectory_id",
-        "step_index",
-        "occurred_at",
-        "rubric",
-        "score",
-        "annotator",
-        "comment",
-        "producer",
+    "annotations": _columns(
+        "event_id trajectory_id step_index occurred_at rubric score annotator comment producer"
     ),
-    "trajectories": (
-        "trajectory_id",
-        "revision",
-        "event_id",
-        "occurred_at",
-        "task_id",
-        "task",
-        "domain",
-        "agent",
-        "model",
-        "policy_version",
-        "group_id",
-        "success",
-        "total_steps",
-        "outcome_score",
-        "process_score",
-        "efficiency_score",
-        "total_reward",
-        "complete",
-        "missing",
-        "reward_version",
-        "calibration_version",
-        "started_at",
-        "ended_at",
-        "step_process_scores",
-        "steps",
-        "metadata",
+    "trajectories": _columns(
+        "trajectory_id revision event_id occurred_at task_id task domain agent model policy_version "
+        "group_id success total_steps outcome_score process_score efficiency_score total_reward "
+        "complete missing reward_version calibration_version started_at ended_at "
+        "step_process_scores steps metadata"
     ),
-    "batches": (
-        "batch_id",
-        "event_id",
-        "occurred_at",
-        "kind",
-        "path",
-        "format",
-        "row_count",
-        "trajectory_ids",
-        "source_offsets",
-        "reward_versions",
-        "calibration_versions",
-        "policy_versions",
-        "builder_config",
-        "sha256",
+    "batches": _columns(
+        "batch_id event_id occurred_at kind path format row_count trajectory_ids source_offsets "
+        "reward_versions calibration_versions policy_versions builder_config sha256"
     ),
-    "policy_updates": (
-        "policy_version",
-        "event_id",
-        "occurred_at",
-        "previous_version",
-        "base_model",
-        "checkpoint_path",
-        "method",
-        "step",
-        "batch_ids",
-        "metrics",
+    "policy_updates": _columns(
+        "policy_version event_id occurred_at previous_version base_model checkpoint_path method step "
+        "batch_ids metrics"
     ),
-    "dead_letters": (
-        "event_id",
-        "trajectory_id",
-        "occurred_at",
-        "stage",
-        "reason",
-        "error_type",
-        "source_topic",
-        "source_partition",
-        "source_offset",
-        "source_key",
-        "payload",
-        "payload_encoding",
+    "dead_letters": _columns(
+        "event_id trajectory_id occurred_at stage reason error_type source_topic source_partition "
+        "source_offset source_key payload payload_encoding"
     ),
 }
 
 Row = tuple
 TableRow = tuple[str, Row]
+
+# The columns of `episodes` each half of an episode fills (the other half's are None; the table
+# merges the two rows per trajectory).
+_STARTED = frozenset(COLUMNS["episodes"][:11])
+_ENDED = frozenset(("trajectory_id", *COLUMNS["episodes"][11:]))
 
 
 def _json(value: object) -> str:
@@ -213,133 +95,57 @@ def _flag(value: bool | None) -> int | None:
     return None if value is None else int(value)
 
 
+def _row(table: str, e: EventBase, only: frozenset[str] | None = None, **computed: object) -> Row:
+    """The row of `table` for `e`: per column, `computed[column]`, else the event's attribute of the
+    same name (None for columns outside `only`, when given)."""
+    return tuple(
+        computed[c] if c in computed else (getattr(e, c) if only is None or c in only else None)
+        for c in COLUMNS[table]
+    )
+
+
 def event_row(event: EventBase, raw: bytes, topic: str, partition: int, offset: int) -> Row:
     """The `events` row: envelope, source coordinates and the raw JSON exactly as received."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes | bytearray) else str(raw)
-    return (
-        event.event_id,
-        event.type,
-        event.schema_version,
-        event.trajectory_id,
-        event.occurred_at,
-        event.producer,
-        topic,
-        partition,
-        offset,
-        text,
-    )
+    return _row("events", event, topic=topic, partition=partition, offset=offset, raw=text)
 
 
 def episode_started_row(e: EpisodeStarted) -> Row:
-    return (
-        e.trajectory_id,
-        e.task_id,
-        e.task,
-        e.domain,
-        e.agent,
-        e.model,
-        e.policy_version,
-        e.group_id,
-        e.reference_steps,
-        _json(e.metadata),
-        e.occurred_at,
-        *([None] * 9),
-    )
+    return _row("episodes", e, _STARTED, metadata=_json(e.metadata), started_at=e.occurred_at)
 
 
 def episode_ended_row(e: EpisodeEnded) -> Row:
-    return (
-        e.trajectory_id,
-        *([None] * 10),
-        e.occurred_at,
-        _flag(e.success),
-        e.score,
-        e.tests_passed,
-        e.tests_failed,
-        _flag(e.terminated),
-        _flag(e.truncated),
-        e.total_steps,
-        e.error,
-    )
+    return _row(
+        "episodes", e, _ENDED, ended_at=e.occurred_at, success=_flag(e.success),
+        terminated=_flag(e.terminated), truncated=_flag(e.truncated),
+    )  # fmt: skip
 
 
 def step_row(e: StepRecorded) -> Row:
-    return (
-        e.event_id,
-        e.trajectory_id,
-        e.step_index,
-        e.occurred_at,
-        e.thought,
-        e.tool,
-        _json(e.params),
-        e.observation,
-        e.exit_code,
-        e.error,
-        e.model,
-        e.policy_version,
-        e.input_tokens,
-        e.output_tokens,
-        e.latency_ms,
-        len(e.token_ids or ()),
-        e.producer,
-    )
+    return _row("steps", e, params=_json(e.params), sampled_tokens=len(e.token_ids or ()))
 
 
 def rule_reward_row(e: RuleRewardStep) -> Row:
-    return (
-        e.event_id,
-        e.trajectory_id,
-        e.step_index,
-        e.occurred_at,
-        e.redundancy,
-        e.regression,
-        e.info_utilization,
-        e.score,
-        e.domain,
-        e.reward_version,
-        e.source_event_id,
-    )
+    return _row("rule_rewards", e)
+
+
+_JUDGE_DEFAULTS: dict[str, object] = {
+    "step_index": None, "scores": {}, "score": None, "rationale": "", "judge_model": "",
+    "prompt_version": "", "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "latency_ms": 0.0,
+    "cached": 0, "group_id": None, "mode": "", "source_event_id": None, "failure_reason": "",
+    "failure_kind": "", "attempts": 0,
+}  # fmt: skip
 
 
 def _judge_row(e: EventBase, kind: str, **values) -> Row:
-    base = {
-        "event_id": e.event_id,
-        "trajectory_id": e.trajectory_id,
-        "kind": kind,
-        "step_index": None,
-        "occurred_at": e.occurred_at,
-        "scores": {},
-        "score": None,
-        "rationale": "",
-        "judge_model": "",
-        "prompt_version": "",
-        "input_tokens": 0,
-        "output_tokens": 0,
-        "cost_usd": 0.0,
-        "latency_ms": 0.0,
-        "cached": 0,
-        "group_id": None,
-        "mode": "",
-        "source_event_id": None,
-        "failure_reason": "",
-        "failure_kind": "",
-        "attempts": 0,
-    }
-    base.update(values)
-    return tuple(base[c] for c in COLUMNS["judge_scores"])
+    """One row shape for judge scores and failures: what an event lacks takes its default."""
+    return _row("judge_scores", e, **{**_JUDGE_DEFAULTS, **values, "kind": kind})
 
 
 def _judge_cost(e: JudgeStep | JudgeTrajectory) -> dict:
-    return {
+    names = ("score", "rationale", "judge_model", "prompt_version", "input_tokens", "output_tokens")
+    return {n: getattr(e, n) for n in (*names, "cost_usd", "latency_ms")} | {
         "scores": dict(e.scores),
-        "score": e.score,
-        "rationale": e.rationale,
-        "judge_model": e.judge_model,
-        "prompt_version": e.prompt_version,
-        "input_tokens": e.input_tokens,
-        "output_tokens": e.output_tokens,
-        "cost_usd": e.cost_usd,
-        "latency_ms": e.latency_ms,
         "cached": int(e.cached),
     }
 
@@ -354,111 +160,38 @@ def judge_trajectory_row(e: JudgeTrajectory) -> Row:
 
 def judge_failed_row(e: JudgeFailed) -> Row:
     return _judge_row(
-        e,
-        "failed",
-        step_index=e.step_index,
-        judge_model=e.judge_model,
-        prompt_version=e.prompt_version,
-        failure_reason=e.reason,
-        failure_kind=e.kind,
-        attempts=e.attempts,
-    )
+        e, "failed", step_index=e.step_index, judge_model=e.judge_model, prompt_version=e.prompt_version,
+        failure_reason=e.reason, failure_kind=e.kind, attempts=e.attempts,
+    )  # fmt: skip
 
 
 def annotation_row(e: FeedbackAnnotation) -> Row:
-    return (
-        e.event_id,
-        e.trajectory_id,
-        e.step_index,
-        e.occurred_at,
-        e.rubric,
-        e.score,
-        e.annotator,
-        e.comment,
-        e.producer,
-    )
+    return _row("annotations", e)
 
 
 def trajectory_row(e: TrajectoryScored) -> Row:
-    return (
-        e.trajectory_id,
-        e.revision,
-        e.event_id,
-        e.occurred_at,
-        e.task_id,
-        e.task,
-        e.domain,
-        e.agent,
-        e.model,
-        e.policy_version,
-        e.group_id,
-        _flag(e.success),
-        e.total_steps,
-        e.outcome_score,
-        e.process_score,
-        e.efficiency_score,
-        e.total_reward,
-        int(e.complete),
-        list(e.missing),
-        e.reward_version,
-        e.calibration_version,
-        e.started_at,
-        e.ended_at,
-        [s.process_score for s in e.steps],
-        _json([s.model_dump(mode="json", exclude={"token_ids", "logprobs"}) for s in e.steps]),
-        _json(e.metadata),
-    )
+    steps = [s.model_dump(mode="json", exclude={"token_ids", "logprobs"}) for s in e.steps]
+    return _row(
+        "trajectories", e, success=_flag(e.success), complete=int(e.complete), missing=list(e.missing),
+        step_process_scores=[s.process_score for s in e.steps], steps=_json(steps),
+        metadata=_json(e.metadata),
+    )  # fmt: skip
 
 
 def batch_row(e: BatchBuilt) -> Row:
-    return (
-        e.batch_id,
-        e.event_id,
-        e.occurred_at,
-        e.kind,
-        e.path,
-        e.format,
-        e.row_count,
-        list(e.trajectory_ids),
-        _json(e.source_offsets),
-        list(e.reward_versions),
-        list(e.calibration_versions),
-        list(e.policy_versions),
-        _json(e.builder_config),
-        e.sha256,
-    )
+    return _row(
+        "batches", e, trajectory_ids=list(e.trajectory_ids), source_offsets=_json(e.source_offsets),
+        reward_versions=list(e.reward_versions), calibration_versions=list(e.calibration_versions),
+        policy_versions=list(e.policy_versions), builder_config=_json(e.builder_config),
+    )  # fmt: skip
 
 
 def policy_row(e: PolicyUpdated) -> Row:
-    return (
-        e.policy_version,
-        e.event_id,
-        e.occurred_at,
-        e.previous_version,
-        e.base_model,
-        e.checkpoint_path,
-        e.method,
-        e.step,
-        list(e.batch_ids),
-        dict(e.metrics),
-    )
+    return _row("policy_updates", e, batch_ids=list(e.batch_ids), metrics=dict(e.metrics))
 
 
 def dead_letter_row(e: DeadLetter) -> Row:
-    return (
-        e.event_id,
-        e.trajectory_id,
-        e.occurred_at,
-        e.stage,
-        e.reason,
-        e.error_type,
-        e.source_topic,
-        e.source_partition,
-        e.source_offset,
-        e.source_key,
-        e.payload,
-        e.payload_encoding,
-    )
+    return _row("dead_letters", e)
 
 
 # event type -> (table, row builder)

@@ -13,17 +13,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
-from consumers.sink.base import Source
+from clients.kafka import ensure_topics, make_consumer, make_producer
+from consumers.errors import ConsumerConfigError
 from consumers.sink.clickhouse import ClickHouseSink
 from consumers.sink.rows import dead_letter_row, rows_for
 from schemas.codec import decode, encode, encode_key
 from schemas.deadletter import dead_letter
 from schemas.errors import DecodeError
 from schemas.events import DeadLetter
+from schemas.records import Record
+from schemas.settings import DEFAULT_BOOTSTRAP
 from schemas.topics import DLQ, TOPICS
 
 log = logging.getLogger(__name__)
@@ -34,16 +39,38 @@ GROUP_ID = "agentstream-sink"
 
 @dataclass(frozen=True)
 class SinkConfig:
-    bootstrap_servers: str
-    clickhouse_url: str
-    group_id: str = GROUP_ID
+    """Everything `agentstream sink` needs (its options are generated from the fields with help)."""
+
+    bootstrap_servers: str = DEFAULT_BOOTSTRAP
+    clickhouse_url: str = "chdb://.agentstream/clickhouse"
+    group_id: str = field(default=GROUP_ID, metadata={"help": "Kafka consumer group of the sink"})
     topics: tuple[str, ...] = field(default_factory=lambda: tuple(TOPICS))
-    batch_rows: int = 5000
-    flush_interval_s: float = 0.5
-    max_retry_s: float = 300.0
-    from_beginning: bool = False
-    endpoint_port: int = 0
+    batch_rows: int = field(default=5000, metadata={"help": "flush after this many buffered rows"})
+    flush_interval_s: float = field(default=0.5, metadata={"help": "flush at least this often (seconds)"})
+    max_retry_s: float = field(
+        default=300.0, metadata={"help": "retry an unavailable ClickHouse this long, then exit 1"}
+    )
+    from_beginning: bool = field(
+        default=False, metadata={"help": "rewind the group to offset 0 first (replay)"}
+    )
+    endpoint_port: int = field(
+        default=0, metadata={"help": "port of the HTTP endpoint serving an embedded chDB path"}
+    )
+    ready_file: Path | None = field(
+        default=None, metadata={"help": "write the ClickHouse URL readers should use once consuming"}
+    )
     session_timeout_ms: int = 10_000
+
+    def __post_init__(self):
+        if self.batch_rows < 1:
+            raise ConsumerConfigError(f"--batch-rows: must be >= 1, got {self.batch_rows!r}")
+        if self.flush_interval_s <= 0:
+            raise ConsumerConfigError(f"--flush-interval-s: must be > 0, got {self.flush_interval_s!r}")
+        if self.max_retry_s < 0:
+            raise ConsumerConfigError(f"--max-retry-s: must be >= 0, got {self.max_retry_s!r}")
+        unknown = sorted(set(self.topics) - set(TOPICS))
+        if unknown:
+            raise ConsumerConfigError(f"topics: not in the registry: {unknown}")
 
 
 @dataclass
@@ -80,7 +107,7 @@ class SinkWorker:
         """Turn one Kafka record into buffered rows (or a dead letter)."""
         from kafka import TopicPartition
 
-        source = Source(
+        source = Record(
             record.topic, record.partition, record.offset, record.key, record.value or b"", record.timestamp
         )
         self._offsets[TopicPartition(record.topic, record.partition)] = record.offset + 1
@@ -200,7 +227,7 @@ class SinkWorker:
             self._writer.shutdown(wait=True)
 
 
-def _dead_letter(source: Source, reason: str, error_type: str) -> DeadLetter:
+def _dead_letter(source: Record, reason: str, error_type: str) -> DeadLetter:
     letter = dead_letter(
         STAGE,
         reason,
@@ -240,15 +267,11 @@ def _rebalance_listener(worker_ref: list):
     return FlushOnRevoke()
 
 
-def make_consumer(config: SinkConfig, listener):
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(
-        bootstrap_servers=config.bootstrap_servers,
-        group_id=config.group_id,
-        client_id=f"{config.group_id}-consumer",
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
+def _consumer(config: SinkConfig, listener):
+    consumer = make_consumer(
+        config.bootstrap_servers,
+        f"{config.group_id}-consumer",
+        config.group_id,
         max_poll_records=config.batch_rows,
         session_timeout_ms=config.session_timeout_ms,
         heartbeat_interval_ms=max(1000, config.session_timeout_ms // 3),
@@ -257,25 +280,12 @@ def make_consumer(config: SinkConfig, listener):
     return consumer
 
 
-def make_producer(config: SinkConfig):
-    from kafka import KafkaProducer
-
-    return KafkaProducer(
-        bootstrap_servers=config.bootstrap_servers,
-        client_id=f"{config.group_id}-dlq",
-        acks="all",
-        linger_ms=5,
-    )
-
-
 def rewind_group(config: SinkConfig) -> None:
     """Commit offset 0 on every partition for the sink's group (a full replay on next start)."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
 
-    consumer = KafkaConsumer(
-        bootstrap_servers=config.bootstrap_servers, group_id=config.group_id, enable_auto_commit=False
-    )
+    consumer = make_consumer(config.bootstrap_servers, f"{config.group_id}-rewind", config.group_id)
     try:
         partitions = [
             TopicPartition(topic, p)
@@ -290,11 +300,39 @@ def rewind_group(config: SinkConfig) -> None:
         consumer.close()
 
 
-def run_sink(config: SinkConfig, stop: threading.Event | None = None, ready=None) -> dict:
+def write_ready_file(path: Path, url: str) -> None:
+    """Say, atomically, which ClickHouse URL readers should use (a supervisor or test waits on it)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(url)
+    tmp.replace(path)
+
+
+def run_until_signalled(config: SinkConfig) -> dict:
+    """`agentstream sink`: run until SIGTERM / SIGINT; returns the sink's counters."""
+    import signal
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def ready(url: str) -> None:
+        log.info(
+            "sink consuming %d topics into %s (readers: %s)", len(config.topics), config.clickhouse_url, url
+        )
+        if config.ready_file:
+            write_ready_file(config.ready_file, url)
+
+    stats = run_sink(config, stop, ready)
+    log.info("sink stopped: %s", stats)
+    return stats
+
+
+def run_sink(
+    config: SinkConfig, stop: threading.Event | None = None, ready: Callable[[str], None] | None = None
+) -> dict:
     """Run the sink until `stop` is set. Migrates first; serves an embedded chDB path over HTTP."""
     from clients.clickhouse.client import open_and_serve
     from clients.clickhouse.migrate import migrate
-    from clients.kafka import ensure_topics
 
     stop = stop or threading.Event()
     client, endpoint = open_and_serve(config.clickhouse_url, port=config.endpoint_port)
@@ -303,20 +341,25 @@ def run_sink(config: SinkConfig, stop: threading.Event | None = None, ready=None
         ensure_topics(config.bootstrap_servers, [TOPICS[t] for t in config.topics])
         if config.from_beginning:
             rewind_group(config)
-        worker_ref: list = []
-        consumer = make_consumer(config, _rebalance_listener(worker_ref))
-        producer = make_producer(config)
-        worker = SinkWorker(config, client, consumer, producer)
-        worker_ref.append(worker)
-        if ready is not None:
-            ready(endpoint.url if endpoint else config.clickhouse_url)
-        try:
-            worker.run(stop)
-        finally:
-            consumer.close(autocommit=False)
-            producer.close()
-        return worker.stats
+        url = endpoint.url if endpoint else config.clickhouse_url
+        return _consume(config, client, stop, (lambda: ready(url)) if ready else None)
     finally:
         if endpoint is not None:
             endpoint.close()
         client.close()
+
+
+def _consume(config: SinkConfig, client, stop: threading.Event, ready: Callable[[], None] | None) -> dict:
+    worker_ref: list = []
+    consumer = _consumer(config, _rebalance_listener(worker_ref))
+    producer = make_producer(config.bootstrap_servers, f"{config.group_id}-dlq")
+    worker = SinkWorker(config, client, consumer, producer)
+    worker_ref.append(worker)
+    if ready is not None:
+        ready()
+    try:
+        worker.run(stop)
+    finally:
+        consumer.close(autocommit=False)
+        producer.close()
+    return worker.stats

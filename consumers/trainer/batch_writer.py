@@ -21,13 +21,14 @@ from typing import Any
 
 import orjson
 
+from clients.files import fsync_dir
+from consumers.trainer.kinds import KINDS
 from schemas.events import BatchBuilt
 from schemas.ids import derived_event_id
 
 log = logging.getLogger(__name__)
 
 PRODUCER = "trainer"
-KINDS = ("sft", "sft_tokenized", "dpo", "dpo_step", "grpo")
 
 
 @dataclass(frozen=True)
@@ -91,14 +92,6 @@ def batch_id_for(kind: str, trajectory_ids: list[str]) -> str:
     return f"{kind}-{digest[:20]}"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: Path, data: bytes) -> None:
     """temp file, fsync, rename, fsync the directory."""
     tmp = path.with_name(path.name + ".tmp")
@@ -107,7 +100,7 @@ def atomic_write(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def encode_rows(rows: list[dict[str, Any]], fmt: str) -> bytes:

@@ -17,34 +17,44 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clients.kafka import ensure_topics, make_consumer, make_producer
+from consumers.errors import TrainerError
 from consumers.trainer.batch_writer import BatchStore, Recovered
-from consumers.trainer.builders.common import Source
-from consumers.trainer.planner import PlannedBatch, Planner, PlannerConfig
+from consumers.trainer.config import TrainerConsumerConfig
+from consumers.trainer.planner import PlannedBatch, Planner
 from schemas import topics
 from schemas.codec import decode, encode
 from schemas.deadletter import dead_letter
 from schemas.errors import DecodeError
 from schemas.events import BatchBuilt, PolicyUpdated, TrajectoryScored
+from schemas.records import Record
 
 log = logging.getLogger(__name__)
 
 STAGE = "trainer"
 
 
-@dataclass(frozen=True)
-class ConsumerOptions:
-    bootstrap_servers: str
-    data_dir: Path
-    group_id: str = "agentstream-trainer"
-    format: str = "jsonl"
-    poll_timeout_ms: int = 200
-    max_records: int = 500
-    idle_exit_s: float | None = None
-    """Exit after this long without new records and with nothing left to flush (tests, backfills)."""
+def run_trainer(config: TrainerConsumerConfig) -> int:
+    """`agentstream trainer`: load the tokenizer the kinds need, then consume until SIGTERM."""
+    tokenizer = load_tokenizer(config.tokenizer, config.data_dir)
+    return TrainerConsumer(config, tokenizer).run()
+
+
+def load_tokenizer(spec: str | None, data_dir: Path):
+    """A tokenizer from a local directory, or the tiny one built under `data_dir` (`'tiny'`)."""
+    if not spec:
+        return None
+    from transformers import AutoTokenizer
+
+    from consumers.trainer.tiny import tiny_model_dir
+
+    path = tiny_model_dir(data_dir) if spec == "tiny" else Path(spec)
+    if not path.exists():
+        raise TrainerError(f"--tokenizer: {spec!r} is not a local directory (or 'tiny')")
+    return AutoTokenizer.from_pretrained(path)
 
 
 def known_state(recovered: Recovered) -> tuple[dict[str, set[str]], dict[str, dict[str, str]]]:
@@ -58,30 +68,20 @@ def known_state(recovered: Recovered) -> tuple[dict[str, set[str]], dict[str, di
 class TrainerConsumer:
     """The trainer consumer process."""
 
-    def __init__(self, options: ConsumerOptions, config: PlannerConfig, tokenizer: Any = None):
-        self.options, self.config = options, config
+    def __init__(self, options: TrainerConsumerConfig, tokenizer: Any = None):
+        self.options, self.config = options, options.planner
         self.store = BatchStore(options.data_dir)
         recovered = self.store.recover()
         ids, hashes = known_state(recovered)
-        self.planner = Planner(config, ids, hashes, tokenizer)
+        self.planner = Planner(options.planner, ids, hashes, tokenizer)
         self._unpublished = recovered.unpublished
         self._stop = False
         self.consumed: dict[tuple[str, int], int] = {}
         self._committed: dict[tuple[str, int], int] = {}
 
     def _clients(self):
-        from kafka import KafkaConsumer, KafkaProducer
-
-        self.producer = KafkaProducer(
-            bootstrap_servers=self.options.bootstrap_servers, acks="all", client_id=STAGE, linger_ms=5
-        )
-        self.consumer = KafkaConsumer(
-            bootstrap_servers=self.options.bootstrap_servers,
-            group_id=self.options.group_id,
-            client_id=STAGE,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
+        self.producer = make_producer(self.options.bootstrap_servers, STAGE)
+        self.consumer = make_consumer(self.options.bootstrap_servers, STAGE, self.options.group_id)
 
     def _assign(self) -> None:
         from kafka import TopicPartition
@@ -114,8 +114,6 @@ class TrainerConsumer:
 
     def run(self) -> int:
         from kafka.errors import KafkaError
-
-        from clients.kafka import ensure_topics
 
         signal.signal(signal.SIGTERM, self._on_term)
         ensure_topics(self.options.bootstrap_servers)
@@ -172,7 +170,7 @@ class TrainerConsumer:
             reason = f"type: expected trajectory.scored on {topic}, got {event.type!r}"
             self._dead_letter(reason, "WrongEventType", topic, partition, record)
             return
-        self.planner.offer(event, Source(topic, partition, record.offset), now)
+        self.planner.offer(event, Record(topic, partition, record.offset), now)
 
     def _dead_letter(self, reason: str, error_type: str, topic: str, partition: int, record) -> None:
         log.warning("trainer: dead-lettering %s[%d]@%d: %s", topic, partition, record.offset, reason)

@@ -22,9 +22,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from consumers.errors import TrainerError
 from consumers.trainer.batch_writer import atomic_write
 from consumers.trainer.chat import Message
-from consumers.trainer.errors import TrainerError
+from consumers.trainer.config import TrainConfig
 from consumers.trainer.losses import (
     IGNORE_INDEX,
     dpo_loss,
@@ -38,37 +39,6 @@ from schemas.events import PolicyUpdated, utc_now
 from schemas.ids import derived_event_id
 
 log = logging.getLogger(__name__)
-
-METHOD_FOR_KIND = {"sft": "sft", "sft_tokenized": "sft", "dpo": "dpo", "dpo_step": "dpo", "grpo": "grpo"}
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Executor hyperparameters (TRL-style config)."""
-
-    base_model: str = "tiny"
-    """A local model directory, or `tiny` (built under the data dir on first use; no download)."""
-    learning_rate: float = 2e-4
-    epochs: int = 1
-    micro_batch_size: int = 4
-    gradient_accumulation_steps: int = 1
-    max_length: int = 1024
-    lora: bool = True
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    target_modules: str = "all-linear"
-    beta: float = 0.1
-    clip_epsilon: float = 0.2
-    kl_beta: float = 0.0
-    step_weighted_loss: bool = False
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    seed: int = 0
-    device: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

@@ -13,16 +13,20 @@ import signal
 import time
 from pathlib import Path
 
+from clients.kafka import ensure_topics, make_consumer, make_producer
+from consumers.errors import TrainerError
 from consumers.trainer.batch_writer import load_manifest, read_rows
-from consumers.trainer.errors import TrainerError
-from consumers.trainer.executor import METHOD_FOR_KIND, TrainConfig, TrainingExecutor
+from consumers.trainer.config import TrainRunConfig
+from consumers.trainer.executor import TrainingExecutor
+from consumers.trainer.kinds import KINDS
 from schemas import topics
 from schemas.codec import decode, encode
 from schemas.errors import DecodeError
 from schemas.events import BatchBuilt, PolicyUpdated
-from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
+
+CLIENT_ID = "trainer-executor"
 
 
 def resolve_batch(path: Path, method: str | None) -> tuple[Path, str, str]:
@@ -34,20 +38,12 @@ def resolve_batch(path: Path, method: str | None) -> tuple[Path, str, str]:
     )
     if manifest_path.exists():
         manifest = load_manifest(manifest_path)
-        return Path(manifest.path), manifest.batch_id, method or METHOD_FOR_KIND[manifest.kind]
+        return Path(manifest.path), manifest.batch_id, method or KINDS[manifest.kind].method
     if not path.exists():
         raise TrainerError(f"--batch: {str(path)!r} does not exist")
     if method is None:
         raise TrainerError(f"--batch: {path.name!r} has no manifest beside it; give --method sft|dpo|grpo")
     return path, path.name.rsplit(".", 1)[0], method
-
-
-def _producer(settings: Settings):
-    from kafka import KafkaProducer
-
-    return KafkaProducer(
-        bootstrap_servers=settings.bootstrap_servers, acks="all", client_id="trainer-executor"
-    )
 
 
 def publish_update(producer, event: PolicyUpdated) -> None:
@@ -56,45 +52,49 @@ def publish_update(producer, event: PolicyUpdated) -> None:
     )
 
 
-def train_file(config: TrainConfig, settings: Settings, path: Path, method: str | None, publish: bool = True):
-    """Train once on a batch file; returns the `policy.updated` event (published unless told not to)."""
-    data, batch_id, method = resolve_batch(path, method)
-    executor = TrainingExecutor(config, settings.data_dir)
+def train_file(run: TrainRunConfig) -> PolicyUpdated:
+    """Train once on `run.batch`; returns the `policy.updated` event (published unless
+    `run.publish` is false)."""
+    data, batch_id, method = resolve_batch(Path(run.batch or ""), run.method)
+    executor = TrainingExecutor(run.train, run.data_dir)
     event = executor.train_batch(read_rows(data), method, batch_id)
-    if publish:
+    if run.publish:
         from kafka.errors import KafkaError
 
         try:
-            producer = _producer(settings)
+            producer = make_producer(run.bootstrap_servers, CLIENT_ID)
             publish_update(producer, event)
             producer.close()
         except KafkaError as exc:
             raise TrainerError(
-                f"--bootstrap-servers: could not publish policy.updated to {settings.bootstrap_servers!r} "
+                f"--bootstrap-servers: could not publish policy.updated to {run.bootstrap_servers!r} "
                 f"({exc}); the checkpoint {event.checkpoint_path} is saved"
             ) from None
     return event
 
 
-def follow(
-    config: TrainConfig, settings: Settings, kinds: tuple[str, ...], group_id: str, idle_exit_s=None
-) -> int:
-    from kafka import KafkaConsumer, TopicPartition
-    from kafka.structs import OffsetAndMetadata
-
-    from clients.kafka import ensure_topics
-
+def follow(run: TrainRunConfig) -> int:
+    """Train on every `batch.built` of `run.follow_kinds()` until SIGTERM (or `run.idle_exit_s`)."""
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    ensure_topics(settings.bootstrap_servers)
-    executor = TrainingExecutor(config, settings.data_dir)
-    producer = _producer(settings)
+    ensure_topics(run.bootstrap_servers)
+    executor = TrainingExecutor(run.train, run.data_dir)
+    producer = make_producer(run.bootstrap_servers, CLIENT_ID)
     if executor.state.last_event:
         publish_update(producer, PolicyUpdated.model_validate(executor.state.last_event))
-    consumer = KafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, group_id=group_id, enable_auto_commit=False,
-        auto_offset_reset="earliest", client_id="trainer-executor",
-    )  # fmt: skip
+    consumer = make_consumer(run.bootstrap_servers, CLIENT_ID, run.group_id)
+    try:
+        _assign_from_committed(consumer)
+        _follow_loop(consumer, executor, producer, run, stop)
+    finally:
+        consumer.close()
+        producer.close()
+    return 0
+
+
+def _assign_from_committed(consumer) -> None:
+    from kafka import TopicPartition
+
     parts = [
         TopicPartition(topics.TRAINING_BATCHES, p)
         for p in sorted(consumer.partitions_for_topic(topics.TRAINING_BATCHES) or ())
@@ -104,22 +104,23 @@ def follow(
         committed = consumer.committed(tp)
         if committed is not None:
             consumer.seek(tp, committed)
+
+
+def _follow_loop(consumer, executor: TrainingExecutor, producer, run: TrainRunConfig, stop: dict) -> None:
+    from kafka.structs import OffsetAndMetadata
+
+    kinds = run.follow_kinds()
     last = time.monotonic()
-    try:
-        while not stop["now"]:
-            polled = consumer.poll(timeout_ms=500, max_records=1)
-            for tp, records in polled.items():
-                for record in records:
-                    _train_record(executor, producer, record, kinds)
-                    consumer.commit({tp: OffsetAndMetadata(record.offset + 1, "", -1)})
-                last = time.monotonic()
-            if idle_exit_s is not None and not polled and time.monotonic() - last >= idle_exit_s:
-                log.info("executor: idle for %.1fs, exiting", idle_exit_s)
-                break
-    finally:
-        consumer.close()
-        producer.close()
-    return 0
+    while not stop["now"]:
+        polled = consumer.poll(timeout_ms=500, max_records=1)
+        for tp, records in polled.items():
+            for record in records:
+                _train_record(executor, producer, record, kinds)
+                consumer.commit({tp: OffsetAndMetadata(record.offset + 1, "", -1)})
+            last = time.monotonic()
+        if run.idle_exit_s is not None and not polled and time.monotonic() - last >= run.idle_exit_s:
+            log.info("executor: idle for %.1fs, exiting", run.idle_exit_s)
+            return
 
 
 def _train_record(executor: TrainingExecutor, producer, record, kinds: tuple[str, ...]) -> None:
@@ -137,5 +138,5 @@ def _train_record(executor: TrainingExecutor, producer, record, kinds: tuple[str
     if not rows:
         log.info("executor: %s has no rows, skipping", event.batch_id)
         return
-    update = executor.train_batch(rows, METHOD_FOR_KIND[event.kind], event.batch_id)
+    update = executor.train_batch(rows, KINDS[event.kind].method, event.batch_id)
     publish_update(producer, update)

@@ -14,38 +14,28 @@ there rebuilds the pending state, and trajectories already in a manifest are ski
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from consumers.trainer.builders.common import Source, sorted_versions
+from consumers.trainer.builders.common import sorted_versions
 from consumers.trainer.builders.dedup import content_hash
-from consumers.trainer.builders.dpo import DPOPairBuilder, DPOPairConfig, StepPairBuilder
 from consumers.trainer.builders.groups import Group, GroupCollector
-from consumers.trainer.builders.grpo import GRPOGroupBuilder, GRPOGroupConfig
-from consumers.trainer.builders.sft import SFTBuilder, SFTBuilderConfig
+from consumers.trainer.config import PlannerConfig
+from consumers.trainer.kinds import KINDS, BatchContext
 from schemas.events import TrajectoryScored
+from schemas.records import Record
 
 log = logging.getLogger(__name__)
 
 Partition = tuple[str, int]
 
-
-@dataclass(frozen=True)
-class PlannerConfig:
-    kinds: tuple[str, ...] = ("sft", "dpo", "dpo_step", "grpo")
-    batch_trajectories: int = 64
-    flush_interval_s: float = 5.0
-    require_complete: bool = True
-    dedup: bool = True
-    sft: SFTBuilderConfig = field(default_factory=SFTBuilderConfig)
-    dpo: DPOPairConfig = field(default_factory=DPOPairConfig)
-    grpo: GRPOGroupConfig = field(default_factory=GRPOGroupConfig)
+__all__ = ["Entry", "GroupLane", "Lane", "PlannedBatch", "Planner", "PlannerConfig"]
 
 
 @dataclass
 class Entry:
     trajectory: TrajectoryScored
-    source: Source
+    source: Record
     digest: str
 
 
@@ -81,13 +71,15 @@ class Lane:
 
     def __init__(self, kind: str, planner: Planner):
         self.kind, self.planner = kind, planner
+        self.spec = KINDS[kind]
+        self.builder = planner.builders[kind]
         self.ready: dict[str, Entry] = {}
         self.ready_since: float | None = None
         self.done: set[str] = set()
         self.hashes: dict[str, str] = {}
 
     def eligible(self, t: TrajectoryScored) -> bool:
-        return self.planner.sft.eligible(t)
+        return self.spec.eligible(self.builder, t, self.planner.context())
 
     def pending_entries(self) -> list[Entry]:
         return list(self.ready.values())
@@ -141,11 +133,8 @@ class Lane:
 
     def batch(self, entries: list[Entry]) -> PlannedBatch:
         trajectories = [e.trajectory for e in entries]
-        if self.kind == "sft_tokenized":
-            rows = self.planner.tokenized_builder().build(trajectories)
-        else:
-            rows = self.planner.sft.build(trajectories)
-        return PlannedBatch(self.kind, rows, entries, self.planner.config.sft.to_dict())
+        rows = self.spec.rows(self.builder, trajectories, self.planner.context())
+        return PlannedBatch(self.kind, rows, entries, self.spec.settings(self.planner.config))
 
     def committed(self, batch: PlannedBatch) -> None:
         self.done.update(e.trajectory.trajectory_id for e in batch.entries)
@@ -154,20 +143,15 @@ class Lane:
 class GroupLane(Lane):
     """A lane that first gathers groups of one task (DPO pairs, GRPO advantages need siblings)."""
 
-    def __init__(self, kind: str, planner: Planner, group_size: int, min_group_size: int, timeout_s: float):
+    def __init__(self, kind: str, planner: Planner):
         super().__init__(kind, planner)
-        self.collector: GroupCollector[Entry] = GroupCollector(group_size, min_group_size, timeout_s)
+        self.collector: GroupCollector[Entry] = planner.config.groups.collector()
         self.groups: list[Group[Entry]] = []
         self.index: dict[str, Entry] = {}  # trajectory id -> pending entry (in a collector group)
         self.grouped: set[str] = set()  # trajectory ids in finished groups waiting for the flush
 
-    def eligible(self, t: TrajectoryScored) -> bool:
-        if self.kind == "grpo":
-            return self.planner.grpo_builder.eligible(t, self.planner.current_policy)
-        return bool(t.steps) and self.planner.reward(t) is not None
-
     def key(self, t: TrajectoryScored) -> tuple[str, ...]:
-        return (t.task_id, t.group_id or "") if self.kind == "grpo" else (t.task_id,)
+        return self.spec.group_key(t)
 
     def pending_entries(self) -> list[Entry]:
         return self.collector.items() + [m.item for g in self.groups for m in g.members]
@@ -230,17 +214,11 @@ class GroupLane(Lane):
             "training_step": self.planner.training_step,
             "current_policy": self.planner.current_policy,
         }
-        config = self.planner.config.grpo if self.kind == "grpo" else self.planner.config.dpo
-        return PlannedBatch(self.kind, rows, entries, config.to_dict(), extra)
+        return PlannedBatch(self.kind, rows, entries, self.spec.settings(self.planner.config), extra)
 
     def rows(self, group: Group[Entry]) -> list[dict[str, Any]]:
-        ts = group.trajectories
-        if self.kind == "grpo":
-            return self.planner.grpo_builder.build(
-                ts, complete=group.complete, training_step=self.planner.training_step
-            )
-        builder = self.planner.dpo_builder if self.kind == "dpo" else self.planner.step_builder
-        return builder.build(ts)
+        context = replace(self.planner.context(), complete=group.complete)
+        return self.spec.rows(self.builder, group.trajectories, context)
 
 
 class Planner:
@@ -253,17 +231,12 @@ class Planner:
         known_hashes: dict[str, dict[str, str]] | None = None,
         tokenizer: Any = None,
     ):
-        from consumers.trainer.builders.common import reward_of
-
-        if "sft_tokenized" in config.kinds and tokenizer is None:
-            raise ValueError("kinds: 'sft_tokenized' needs a tokenizer (got None)")
+        needing = [k for k in config.kinds if KINDS[k].needs_tokenizer]
+        if needing and tokenizer is None:
+            raise ValueError(f"kinds: {needing[0]!r} needs a tokenizer (got None)")
         self.config = config
         self.tokenizer = tokenizer
-        self.reward = reward_of
-        self.sft = SFTBuilder(config.sft)
-        self.dpo_builder = DPOPairBuilder(config.dpo)
-        self.step_builder = StepPairBuilder(config.dpo)
-        self.grpo_builder = GRPOGroupBuilder(config.grpo)
+        self.builders = {kind: KINDS[kind].make(config, tokenizer) for kind in config.kinds}
         self.current_policy: str | None = None
         self.training_step = 0
         self.lanes: dict[str, Lane] = {kind: self._lane(kind) for kind in config.kinds}
@@ -271,18 +244,14 @@ class Planner:
             lane.done = set((known_ids or {}).get(kind, ()))
             lane.hashes = dict((known_hashes or {}).get(kind, {}))
 
-    def tokenized_builder(self):
-        from consumers.trainer.tokenize import SFTTokenizedBuilder
-
-        return SFTTokenizedBuilder(self.tokenizer, self.config.sft)
+    def context(self) -> BatchContext:
+        """What builders may need beyond trajectories: the newest policy and training step."""
+        return BatchContext(training_step=self.training_step, current_policy=self.current_policy)
 
     def _lane(self, kind: str) -> Lane:
-        if kind in ("sft", "sft_tokenized"):
-            return Lane(kind, self)
-        c = self.config.grpo if kind == "grpo" else self.config.dpo
-        return GroupLane(kind, self, c.group_size, c.min_group_size, c.timeout_s)
+        return GroupLane(kind, self) if KINDS[kind].grouped else Lane(kind, self)
 
-    def offer(self, trajectory: TrajectoryScored, source: Source, now: float) -> None:
+    def offer(self, trajectory: TrajectoryScored, source: Record, now: float) -> None:
         if self.config.require_complete and not trajectory.complete:
             return
         entry = Entry(trajectory, source, content_hash(trajectory))

@@ -16,9 +16,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from consumers.errors import TrainerError
 from consumers.trainer.builders.sft import SFTBuilder, SFTBuilderConfig, lineage
 from consumers.trainer.chat import Message, ordered_steps, tool_schemas, trajectory_messages
-from consumers.trainer.errors import TrainerError
 from schemas.events import TrajectoryScored
 
 log = logging.getLogger(__name__)

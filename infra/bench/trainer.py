@@ -85,11 +85,11 @@ def builder_rows(args, tokenizer) -> list[dict]:
         DPOPairBuilder,
         GRPOGroupBuilder,
         SFTBuilder,
-        Source,
         StepPairBuilder,
     )
     from consumers.trainer.planner import Planner, PlannerConfig
     from consumers.trainer.tokenize import SFTTokenizedBuilder
+    from schemas.records import Record
 
     ts = synthetic(args.trajectories)
     groups = _grouped(ts)
@@ -98,7 +98,7 @@ def builder_rows(args, tokenizer) -> list[dict]:
     def planner():
         p = Planner(PlannerConfig(batch_trajectories=256))
         for i, t in enumerate(ts):
-            p.offer(t, Source("trajectory.scored", 0, i), now=0.0)
+            p.offer(t, Record("trajectory.scored", 0, i), now=0.0)
         p.due(now=0.0, force=True)
 
     cases = [

@@ -1,41 +1,34 @@
-"""Subcommands contributed by this package (see infra/cli/main.py). Handlers are imported lazily.
+"""`agentstream sink`: consume every topic into ClickHouse (argument plumbing only).
 
-- `agentstream sink`: the ClickHouse sink worker (consumers/sink/runner.py).
+Its options are generated from `consumers.sink.runner.SinkConfig`: adding a sink option is adding a
+documented field there. The work happens in `consumers.sink.runner.run_until_signalled`.
 """
 
 from __future__ import annotations
 
-from consumers.sink.cli_main import run
-from infra.cli.options import add_option, command_parser
+import argparse
+
+from consumers.sink.runner import SinkConfig
+from infra.cli.configs import add_config_options, config_from_args
+from infra.cli.options import command_parser
+from schemas.settings import Settings
 
 
 def register(sub) -> None:
-    """Add this package's subcommands to the `agentstream` parser."""
+    """Add `sink` to the `agentstream` parser."""
     parser = command_parser(sub, "sink", run, "consume every topic into ClickHouse (migrates on start)")
-    add_option(parser, "--group-id", default="agentstream-sink", help="Kafka consumer group of the sink")
-    add_option(parser, "--batch-rows", type=int, default=5000, help="flush after this many buffered rows")
-    add_option(
-        parser, "--flush-interval-s", type=float, default=0.5, help="flush at least this often (seconds)"
+    add_config_options(parser, SinkConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from consumers.sink.runner import run_until_signalled
+
+    settings = Settings.from_args(args)
+    config = config_from_args(
+        SinkConfig,
+        args,
+        bootstrap_servers=settings.bootstrap_servers,
+        clickhouse_url=settings.resolved_clickhouse_url,
     )
-    add_option(
-        parser,
-        "--max-retry-s",
-        type=float,
-        default=300.0,
-        help="retry an unavailable ClickHouse this long, then exit 1",
-    )
-    add_option(
-        parser,
-        "--from-beginning",
-        action="store_true",
-        default=False,
-        help="rewind the group to offset 0 first (replay)",
-    )
-    add_option(
-        parser,
-        "--endpoint-port",
-        type=int,
-        default=0,
-        help="port of the HTTP endpoint serving an embedded chDB path",
-    )
-    add_option(parser, "--ready-file", help="write the ClickHouse URL readers should use once consuming")
+    run_until_signalled(config)
+    return 0

@@ -1,22 +1,13 @@
-"""Shared pieces of the builders: the reward a builder ranks by, source coordinates, policy versions."""
+"""Shared pieces of the builders: the reward a builder ranks by, and policy versions. (Where a
+trajectory was read is a `schemas.records.Record`.)"""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from schemas.events import TrajectoryScored
 
 _TRAILING_INT = re.compile(r"(\d+)$")
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where a trajectory was read: topic, partition, offset (recorded in batch manifests)."""
-
-    topic: str
-    partition: int
-    offset: int
 
 
 def reward_of(trajectory: TrajectoryScored) -> float | None:

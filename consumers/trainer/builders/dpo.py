@@ -11,10 +11,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from typing import Any, Literal
 
+from consumers.errors import ConsumerConfigError
 from consumers.trainer.builders.common import reward_of
 from consumers.trainer.chat import (
     DEFAULT_SYSTEM_PROMPT,
@@ -29,19 +30,33 @@ from schemas.events import ScoredStep, TrajectoryScored
 
 @dataclass(frozen=True)
 class DPOPairConfig:
-    """How pairs are chosen (TRL-style config)."""
+    """How pairs are chosen (TRL-style config). On the command line these options carry the
+    `dpo-` prefix (`--dpo-min-margin`); group formation is `builders.groups.GroupConfig`."""
 
-    min_margin: float = 0.05
-    strategy: Literal["best_vs_worst", "all_pairs"] = "best_vs_worst"
-    max_pairs_per_group: int = 8
-    group_size: int = 4
-    """Trajectories of one task gathered before pairing (see builders/groups.py)."""
-    min_group_size: int = 2
-    timeout_s: float = 300.0
-    step_preference: Literal["trajectory", "process"] = "trajectory"
-    """Step pairs: rank by trajectory reward, or by the diverging steps' `process_score` if both set."""
+    min_margin: float = field(default=0.05, metadata={"help": "DPO: minimum reward margin of a pair"})
+    strategy: Literal["best_vs_worst", "all_pairs"] = field(
+        default="best_vs_worst", metadata={"help": "DPO pairing"}
+    )
+    max_pairs_per_group: int = field(
+        default=8,
+        metadata={
+            "flag": "--dpo-max-pairs",
+            "env": "AGENTSTREAM_DPO_MAX_PAIRS",
+            "help": "DPO: pairs per task group at most",
+        },
+    )
+    step_preference: Literal["trajectory", "process"] = field(
+        default="trajectory",
+        metadata={"help": "step pairs: rank by trajectory reward, or by the diverging steps' process_score"},
+    )
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     include_tools: bool = True
+
+    def __post_init__(self):
+        if self.min_margin < 0:
+            raise ConsumerConfigError(f"--dpo-min-margin: must be >= 0, got {self.min_margin!r}")
+        if self.max_pairs_per_group < 1:
+            raise ConsumerConfigError(f"--dpo-max-pairs: must be >= 1, got {self.max_pairs_per_group!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

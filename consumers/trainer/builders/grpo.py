@@ -16,9 +16,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from consumers.errors import ConsumerConfigError
 from consumers.trainer.builders.common import policy_number, reward_of
 from consumers.trainer.builders.sft import lineage
 from consumers.trainer.chat import (
@@ -33,26 +34,40 @@ from schemas.events import TrajectoryScored
 
 @dataclass(frozen=True)
 class GRPOGroupConfig:
-    """Group formation and advantage estimation (TRL-style config)."""
+    """Advantage estimation over a group (TRL-style config; the fields with help are `agentstream
+    trainer` options). Group formation is `builders.groups.GroupConfig`."""
 
-    group_size: int = 4
-    min_group_size: int = 2
-    timeout_s: float = 300.0
-    estimator: Literal["grpo", "rloo"] = "grpo"
-    scale_rewards: bool = True
+    estimator: Literal["grpo", "rloo"] = field(default="grpo", metadata={"help": "GRPO advantage estimator"})
+    scale_rewards: bool = field(default=True, metadata={"help": "GRPO: divide by the group std"})
     std: Literal["unbiased", "population"] = "unbiased"
     eps: float = 1e-6
     drop_zero_std: bool = False
     """Emit no rows for a group whose rewards are all equal (its advantages are all 0)."""
-    step_advantage: Literal["none", "process_return", "mixed"] = "none"
-    gamma: float = 1.0
+    step_advantage: Literal["none", "process_return", "mixed"] = field(
+        default="none", metadata={"help": "GRPO step advantages"}
+    )
+    gamma: float = field(default=1.0, metadata={"help": "GRPO: discount of process-reward returns"})
     step_weight: float = 0.5
     """lambda of the `mixed` step advantage."""
-    max_policy_lag: int | None = None
-    horizon_steps: tuple[int, ...] = ()
-    horizon_interval: int = 100
+    max_policy_lag: int | None = field(
+        default=None, metadata={"help": "GRPO: drop trajectories more than N policy versions old"}
+    )
+    horizon_steps: tuple[int, ...] = field(
+        default=(), metadata={"help": "GRPO: horizon schedule, e.g. 8,12,15 (steps per trajectory)"}
+    )
+    horizon_interval: int = field(default=100, metadata={"help": "GRPO: training steps per horizon stage"})
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     include_tools: bool = True
+
+    def __post_init__(self):
+        if any(h < 1 for h in self.horizon_steps):
+            raise ConsumerConfigError(
+                f"--horizon-steps: expected positive integers like 8,12,15, got {self.horizon_steps!r}"
+            )
+        if self.horizon_interval < 1:
+            raise ConsumerConfigError(f"--horizon-interval: must be >= 1, got {self.horizon_interval!r}")
+        if self.max_policy_lag is not None and self.max_policy_lag < 0:
+            raise ConsumerConfigError(f"--max-policy-lag: must be >= 0, got {self.max_policy_lag!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

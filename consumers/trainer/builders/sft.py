@@ -6,9 +6,10 @@ columns; trainers ignore columns they do not use. Pre-tokenized rows are built b
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from consumers.errors import ConsumerConfigError
 from consumers.trainer.builders.common import reward_of
 from consumers.trainer.builders.curriculum import curriculum_order
 from consumers.trainer.chat import DEFAULT_SYSTEM_PROMPT, ordered_steps, tool_schemas, trajectory_messages
@@ -17,20 +18,36 @@ from schemas.events import TrajectoryScored
 
 @dataclass(frozen=True)
 class SFTBuilderConfig:
-    """Which trajectories become SFT examples and how they are rendered (TRL-style config)."""
+    """Which trajectories become SFT examples and how they are rendered (TRL-style config; the
+    fields with help are `agentstream trainer` options)."""
 
-    require_success: bool = True
-    """Keep only trajectories whose `success` is True (None counts as not successful)."""
-    min_reward: float | None = None
-    """Keep only trajectories whose reward (see `reward_of`) is at least this."""
+    require_success: bool = field(
+        default=True,
+        metadata={"help": "SFT: only successful trajectories (success=None counts as not successful)"},
+    )
+    min_reward: float | None = field(
+        default=None, metadata={"help": "SFT: only trajectories with at least this reward"}
+    )
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     include_tools: bool = True
-    curriculum: bool = False
-    """Order rows easiest first (short, high-reward) inside a batch."""
-    max_length: int = 2048
-    """Token budget per pre-tokenized row; longer trajectories are split at step boundaries."""
-    chunk_context_steps: int = 0
-    """Previous steps repeated (masked) at the start of a continuation chunk, for context."""
+    curriculum: bool = field(
+        default=False, metadata={"help": "SFT: order rows easiest first (short, high reward)"}
+    )
+    max_length: int = field(
+        default=2048,
+        metadata={"help": "tokens per pre-tokenized row; longer trajectories are split at steps"},
+    )
+    chunk_context_steps: int = field(
+        default=0, metadata={"help": "masked previous steps repeated at the start of each chunk"}
+    )
+
+    def __post_init__(self):
+        if self.max_length < 1:
+            raise ConsumerConfigError(f"--max-length: must be >= 1, got {self.max_length!r}")
+        if self.chunk_context_steps < 0:
+            raise ConsumerConfigError(
+                f"--chunk-context-steps: must be >= 0, got {self.chunk_context_steps!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,11 +11,11 @@ import pytest
 from consumers.trainer.builders import (
     DPOPairBuilder,
     DPOPairConfig,
+    GroupConfig,
     GRPOGroupBuilder,
     GRPOGroupConfig,
     SFTBuilder,
     SFTBuilderConfig,
-    Source,
     StepPairBuilder,
 )
 from consumers.trainer.builders.curriculum import curriculum_order
@@ -23,6 +23,7 @@ from consumers.trainer.builders.dedup import content_hash
 from consumers.trainer.builders.groups import GroupCollector
 from consumers.trainer.builders.grpo import group_advantages, horizon_cap, is_fresh, step_advantages
 from consumers.trainer.planner import Planner, PlannerConfig
+from schemas.records import Record
 from tests.support.trainer_data import HERE, golden_group, scored, step, synthetic
 
 REGEN = os.environ.get("AGENTSTREAM_REGEN_GOLDEN") == "1"
@@ -240,8 +241,8 @@ def test_planner_skips_already_batched_and_duplicates_and_holds_offsets():
         PlannerConfig(batch_trajectories=100, flush_interval_s=100), known_ids={"sft": {ts[0].trajectory_id}}
     )
     for i, t in enumerate(ts):
-        p.offer(t, Source("trajectory.scored", 0, i), now=0)
-    p.offer(ts[1].model_copy(update={"trajectory_id": "dup"}), Source("trajectory.scored", 0, 8), now=0)
+        p.offer(t, Record("trajectory.scored", 0, i), now=0)
+    p.offer(ts[1].model_copy(update={"trajectory_id": "dup"}), Record("trajectory.scored", 0, 8), now=0)
     sft_ids = [e.trajectory.trajectory_id for e in p.lanes["sft"].pending_entries()]
     assert ts[0].trajectory_id not in sft_ids and "dup" not in sft_ids
     # two complete groups are waiting for the flush: the lowest pending offset is held back
@@ -259,25 +260,26 @@ def test_planner_skips_already_batched_and_duplicates_and_holds_offsets():
 def test_planner_later_revision_wins_and_incomplete_is_skipped():
     p = _planner()
     t = golden_group()[0]
-    p.offer(t.model_copy(update={"complete": False, "revision": 0}), Source("s", 0, 0), now=0)
+    p.offer(t.model_copy(update={"complete": False, "revision": 0}), Record("s", 0, 0), now=0)
     assert not p.lanes["sft"].pending_entries()
-    p.offer(t.model_copy(update={"revision": 1}), Source("s", 0, 1), now=0)
-    p.offer(t.model_copy(update={"revision": 2, "success": False}), Source("s", 0, 2), now=0)
+    p.offer(t.model_copy(update={"revision": 1}), Record("s", 0, 1), now=0)
+    p.offer(t.model_copy(update={"revision": 2, "success": False}), Record("s", 0, 2), now=0)
     assert not p.lanes["sft"].pending_entries()  # the latest revision is no longer a success
     assert p.commit_positions({("s", 0): 3})[("s", 0)] == 2  # still pending in the group lanes
 
 
 def test_planner_applies_policy_lag_and_horizon_from_policy_updates():
-    config = GRPOGroupConfig(group_size=2, max_policy_lag=1, horizon_steps=(2, 3), horizon_interval=10)
-    p = Planner(PlannerConfig(kinds=("grpo",), batch_trajectories=2, grpo=config))
+    config = GRPOGroupConfig(max_policy_lag=1, horizon_steps=(2, 3), horizon_interval=10)
+    groups = GroupConfig(group_size=2)
+    p = Planner(PlannerConfig(kinds=("grpo",), batch_trajectories=2, grpo=config, groups=groups))
     p.policy_updated("v5", step=5)
     group = golden_group()[:2]
     stale = [t.model_copy(update={"policy_version": "v3"}) for t in group]
     for i, t in enumerate(stale):
-        p.offer(t, Source("s", 0, i), now=0)
+        p.offer(t, Record("s", 0, i), now=0)
     assert p.lanes["grpo"].pending_entries() == []  # lag 2 > 1: not admitted
     for i, t in enumerate(group):
-        p.offer(t.model_copy(update={"policy_version": "v4"}), Source("s", 0, 10 + i), now=0)
+        p.offer(t.model_copy(update={"policy_version": "v4"}), Record("s", 0, 10 + i), now=0)
     [batch] = p.due(now=0)
     assert batch.extra["training_step"] == 5 and batch.extra["current_policy"] == "v5"
     t1 = next(r for r in batch.rows if r["trajectory_id"] == "task-a-t1")

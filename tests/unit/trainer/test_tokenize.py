@@ -111,14 +111,14 @@ def test_context_steps_are_masked(tokenizer):
 
 
 def test_planner_builds_pretokenized_batches(tokenizer):
-    from consumers.trainer.builders import Source
     from consumers.trainer.planner import Planner, PlannerConfig
+    from schemas.records import Record
 
     planner = Planner(
         PlannerConfig(kinds=("sft", "sft_tokenized"), batch_trajectories=3), tokenizer=tokenizer
     )
     for i, t in enumerate(golden_group()):
-        planner.offer(t, Source("trajectory.scored", 0, i), now=0)
+        planner.offer(t, Record("trajectory.scored", 0, i), now=0)
     batches = {b.kind: b for b in planner.due(now=0)}
     rows = batches["sft_tokenized"].rows
     assert [r["trajectory_id"] for r in rows] == [r["trajectory_id"] for r in batches["sft"].rows]

@@ -1,0 +1,170 @@
+"""The trainer's and the executor's settings, TRL style: one documented field per option.
+
+`agentstream trainer` is generated from `TrainerConsumerConfig` (which nests `PlannerConfig`, which
+nests the SFT / DPO / GRPO builder configs and the `GroupConfig` DPO and GRPO share) and
+`agentstream train` from `TrainRunConfig` (which nests the executor's `TrainConfig`): adding an
+option is adding a field with `metadata={"help": ...}`. Validation is in `__post_init__` and names
+the option and the value. Nothing here reads the environment or imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from consumers.errors import ConsumerConfigError
+from consumers.trainer.builders.dpo import DPOPairConfig
+from consumers.trainer.builders.groups import GroupConfig
+from consumers.trainer.builders.grpo import GRPOGroupConfig
+from consumers.trainer.builders.sft import SFTBuilderConfig
+from consumers.trainer.kinds import DEFAULT_KINDS, KINDS, METHODS, follow_kind, unknown_kinds
+from schemas.settings import DEFAULT_BOOTSTRAP
+
+_KNOWN = ",".join(KINDS)
+
+
+def _check_kinds(kinds: tuple[str, ...], flag: str = "--kinds") -> None:
+    unknown = unknown_kinds(kinds)
+    if unknown:
+        raise ConsumerConfigError(f"{flag}: unknown kind(s) {unknown} (known: {_KNOWN})")
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Which batches the trainer builds and when it flushes them."""
+
+    kinds: tuple[str, ...] = field(
+        default=DEFAULT_KINDS, metadata={"help": f"batch kinds, comma-separated: {_KNOWN}"}
+    )
+    batch_trajectories: int = field(
+        default=64, metadata={"help": "flush a kind once this many trajectories are ready"}
+    )
+    flush_interval_s: float = field(
+        default=5.0, metadata={"help": "flush ready trajectories after this long"}
+    )
+    require_complete: bool = field(default=True, metadata={"help": "skip trajectories with complete=false"})
+    dedup: bool = field(default=True, metadata={"help": "skip content duplicates (sha256 of steps)"})
+    sft: SFTBuilderConfig = field(default_factory=SFTBuilderConfig, metadata={"prefix": ""})
+    dpo: DPOPairConfig = field(default_factory=DPOPairConfig, metadata={"prefix": "dpo-"})
+    grpo: GRPOGroupConfig = field(default_factory=GRPOGroupConfig, metadata={"prefix": ""})
+    groups: GroupConfig = field(default_factory=GroupConfig, metadata={"prefix": ""})
+
+    def __post_init__(self):
+        _check_kinds(self.kinds)
+        if not self.kinds:
+            raise ConsumerConfigError(f"--kinds: give at least one kind (known: {_KNOWN})")
+        if self.batch_trajectories < 1:
+            raise ConsumerConfigError(f"--batch-trajectories: must be >= 1, got {self.batch_trajectories!r}")
+        if self.flush_interval_s < 0:
+            raise ConsumerConfigError(f"--flush-interval-s: must be >= 0, got {self.flush_interval_s!r}")
+
+
+@dataclass(frozen=True)
+class TrainerConsumerConfig:
+    """Everything `agentstream trainer` needs, read once from the command line / environment."""
+
+    bootstrap_servers: str = DEFAULT_BOOTSTRAP
+    data_dir: Path = Path(".agentstream")
+    group_id: str = field(default="agentstream-trainer", metadata={"help": "Kafka consumer group (offsets)"})
+    format: Literal["jsonl", "parquet"] = field(default="jsonl", metadata={"help": "batch file format"})
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "tokenizer directory, or 'tiny', for sft_tokenized rows"}
+    )
+    idle_exit_s: float | None = field(
+        default=None, metadata={"help": "exit after this long idle with nothing due (backfills)"}
+    )
+    poll_timeout_ms: int = 200
+    max_records: int = 500
+    planner: PlannerConfig = field(default_factory=PlannerConfig, metadata={"prefix": ""})
+
+    def __post_init__(self):
+        needing = [k for k in self.planner.kinds if KINDS[k].needs_tokenizer]
+        if needing and not self.tokenizer:
+            raise ConsumerConfigError(f"--kinds: {', '.join(needing)} needs --tokenizer PATH|tiny")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Executor hyperparameters (TRL-style config)."""
+
+    base_model: str = field(
+        default="tiny", metadata={"help": "local model directory, or 'tiny' (built locally, no download)"}
+    )
+    learning_rate: float = field(default=2e-4, metadata={"help": "AdamW learning rate"})
+    epochs: int = field(default=1, metadata={"help": "passes over each batch"})
+    micro_batch_size: int = field(default=4, metadata={"help": "rows per forward pass"})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "micro batches per optimizer step"})
+    max_length: int = field(default=1024, metadata={"help": "tokens per row at most"})
+    lora: bool = field(default=True, metadata={"help": "train a LoRA adapter (false: full fine-tune)"})
+    lora_r: int = field(default=8, metadata={"help": "LoRA rank"})
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha"})
+    lora_dropout: float = 0.0
+    target_modules: str = "all-linear"
+    beta: float = field(default=0.1, metadata={"help": "DPO beta"})
+    clip_epsilon: float = field(default=0.2, metadata={"help": "GRPO ratio clip"})
+    kl_beta: float = field(
+        default=0.0, metadata={"help": "GRPO k3 KL weight against the adapter-disabled model"}
+    )
+    step_weighted_loss: bool = field(default=False, metadata={"help": "SFT: weight steps by process reward"})
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    seed: int = 0
+    device: str | None = field(default=None, metadata={"help": "cuda / cpu (default: cuda when available)"})
+
+    def __post_init__(self):
+        if self.learning_rate <= 0:
+            raise ConsumerConfigError(f"--learning-rate: must be > 0, got {self.learning_rate!r}")
+        for flag, value in (
+            ("--epochs", self.epochs),
+            ("--micro-batch-size", self.micro_batch_size),
+            ("--gradient-accumulation-steps", self.gradient_accumulation_steps),
+            ("--max-length", self.max_length),
+            ("--lora-r", self.lora_r),
+        ):
+            if value < 1:
+                raise ConsumerConfigError(f"{flag}: must be >= 1, got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainRunConfig:
+    """What one `agentstream train` run does: one batch file, or follow `training.batches`."""
+
+    bootstrap_servers: str = DEFAULT_BOOTSTRAP
+    data_dir: Path = Path(".agentstream")
+    follow: bool = field(default=False, metadata={"help": "consume training.batches and train on each"})
+    batch: Path | None = field(
+        default=None, metadata={"help": "a batch file (.jsonl/.parquet) or its manifest"}
+    )
+    method: str | None = field(
+        default=None, metadata={"help": "default: from the batch kind", "choices": METHODS}
+    )
+    kinds: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "--follow: batch kinds to train on (default: "
+            + ", ".join(f"{follow_kind(m)} for {m}" for m in METHODS)
+            + ", per --method; sft without it)"
+        },
+    )
+    publish: bool = field(default=True, metadata={"help": "publish policy.updated"})
+    group_id: str = field(default="agentstream-executor", metadata={"help": "--follow: Kafka consumer group"})
+    idle_exit_s: float | None = field(
+        default=None, metadata={"help": "--follow: exit after this long without batches"}
+    )
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"prefix": ""})
+
+    def __post_init__(self):
+        if self.follow == (self.batch is not None):
+            raise ConsumerConfigError(
+                f"train: give exactly one of --follow or --batch PATH (got --follow {self.follow}, "
+                f"--batch {str(self.batch) if self.batch else None!r})"
+            )
+        _check_kinds(self.kinds)
+
+    def follow_kinds(self) -> tuple[str, ...]:
+        """The kinds `--follow` trains on: `--kinds`, else the default kind of `--method` (sft)."""
+        return self.kinds or (follow_kind(self.method or "sft"),)
