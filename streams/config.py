@@ -10,19 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import AgentstreamError
 from schemas.settings import DEFAULT_BOOTSTRAP
 from schemas.topics import AGENT_EVENTS, TOPICS
+from streams.errors import WorkerConfigError
 
 ROLES = ("rules", "assembler", "judge")
 DEFAULT_ROLES = ("rules", "assembler")
 # A role exits with this code to be consumed again from its committed offsets (a batch failed, or
 # records were never received); `agentstream worker` restarts it, other codes stop the worker.
 EXIT_REPLAY = 70
-
-
-class WorkerConfigError(AgentstreamError):
-    """A worker option is invalid."""
 
 
 @dataclass(frozen=True)

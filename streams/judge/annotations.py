@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from schemas.errors import AgentstreamError
 from schemas.events import (
     EpisodeStarted,
     EventBase,
@@ -30,13 +29,10 @@ from schemas.events import (
     utc_now,
 )
 from schemas.ids import derived_event_id
+from streams.errors import AnnotationError
 
 PRODUCER = "agentstream-annotate"
 OVERALL = "overall"
-
-
-class AnnotationError(AgentstreamError):
-    """A label that is not valid (names the field and the value)."""
 
 
 def annotation_event(

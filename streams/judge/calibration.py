@@ -24,11 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.errors import AgentstreamError
-
-
-class CalibrationError(AgentstreamError):
-    """Inputs that cannot be calibrated (too few pairs, mismatched lengths)."""
+from streams.errors import CalibrationError
 
 
 class CalibrationMap(BaseModel):

@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from schemas.errors import AgentstreamError
+from streams.errors import JudgeCallError
 from streams.judge.config import JudgeConfig
 from streams.judge.prompt import Prompt
 
@@ -31,17 +31,6 @@ log = logging.getLogger(__name__)
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 # Request-specific errors: the endpoint is healthy, our request is not; they do not trip the breaker.
 REQUEST_ERRORS = frozenset({400, 404, 413, 422})
-
-
-class JudgeCallError(AgentstreamError):
-    """A judge call that failed for good (retries exhausted, not retryable, or circuit open)."""
-
-    def __init__(self, reason: str, *, kind: str = "error", attempts: int = 0, status: int | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.kind = kind
-        self.attempts = attempts
-        self.status = status
 
 
 @dataclass(frozen=True)

@@ -42,15 +42,22 @@ DEFAULT_PRICES: dict[str, ModelPrice] = {
 class JudgeConfig(BaseSettings):
     """Everything the judge processor needs besides the broker address."""
 
-    model_config = SettingsConfigDict(env_prefix="AGENTSTREAM_JUDGE_", extra="ignore", frozen=True)
+    # An empty variable is not given (AGENTSTREAM_JUDGE_RULES_PATH= means no rules file, not ".").
+    model_config = SettingsConfigDict(
+        env_prefix="AGENTSTREAM_JUDGE_", extra="ignore", frozen=True, env_ignore_empty=True
+    )
 
     api_key: SecretStr | None = Field(
         None, validation_alias=AliasChoices("AGENTSTREAM_JUDGE_API_KEY", "ANTHROPIC_API_KEY", "api_key")
     )
     base_url: str | None = Field(None, description="Messages-API endpoint; None = Anthropic's")
     model: str = DEFAULT_MODEL
-    rules_path: Path | None = Field(None, description="judge rules file (YAML/JSON); None = judge nothing")
-    rubrics_path: Path | None = Field(None, description="rubric overrides per domain (YAML/JSON)")
+    rules_path: Path | None = Field(
+        None, description="judge rules file (YAML/JSON); None = judge nothing; a missing file is an error"
+    )
+    rubrics_path: Path | None = Field(
+        None, description="rubric overrides per domain (YAML/JSON); None = built-ins; missing file = error"
+    )
     max_tokens: int = Field(1024, ge=16)
     temperature: float | None = Field(None, ge=0.0, le=1.0, description="sent only when set")
     concurrency: int = Field(32, ge=1, description="judge calls in flight per worker")

@@ -25,15 +25,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from schemas.errors import AgentstreamError
+from streams.errors import ParseError
 
 CLAMP_TOLERANCE = 0.05
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)(?:```|$)", re.DOTALL)
 _PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
-
-
-class ParseError(AgentstreamError):
-    """The model's reply could not be read as the expected JSON."""
 
 
 def extract_json(text: str) -> dict:

@@ -1,13 +1,18 @@
 """Rubric sets per domain: what the judge scores and how the scores are weighted.
 
-The built-in sets are the seed's (reference/seed-knowlyr-gym.md section 2.4). Only the rubrics
-evaluated by a model are sent to the judge; rule rubrics (`info_utilization`, `non_redundancy`) are
-the rule processor's and are listed here with `evaluator="rule"` so weights stay comparable.
-A YAML/JSON file can override or add domains: `{domain: [{id, description, weight, evaluator}]}`.
+The built-in sets come from the one catalogue, `streams.rubrics.BUILTIN_RUBRICS`, which the rule
+profiles (`streams.rules.profiles`) are derived from too. Only the rubrics evaluated by a model are
+sent to the judge; rule rubrics (`info_utilization`, `non_redundancy`) are the rule processor's and
+are listed here with `evaluator="rule"` so weights stay comparable. Unknown domains (`crew`
+included) use `generic`. A YAML/JSON file can override or add domains:
+`{domain: [{id, description, weight, evaluator}]}`; no file given means the built-ins, a file given
+that does not exist is a `RubricsError` naming it.
 
 >>> [r.id for r in rubrics_for("coding").model_rubrics]
 ['goal_progress', 'tool_choice', 'param_correctness']
 >>> rubrics_for("no-such-domain").domain
+'generic'
+>>> rubrics_for("crew").domain
 'generic'
 """
 
@@ -19,11 +24,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.errors import AgentstreamError
-
-
-class RubricsError(AgentstreamError):
-    """A rubric file that cannot be read or does not validate."""
+from streams.errors import RubricsError, option_file
+from streams.rubrics import BUILTIN_RUBRICS, FALLBACK_DOMAIN, RubricDef
 
 
 class Rubric(BaseModel):
@@ -71,55 +73,21 @@ class RubricSet(BaseModel):
         return round(sum(w * s for w, s in present) / total, 6)
 
 
-def _r(rid: str, weight: float, description: str, evaluator: str = "model") -> Rubric:
-    return Rubric(
-        id=rid, name=rid.replace("_", " "), description=description, weight=weight, evaluator=evaluator
-    )
+def _from_catalogue(rubrics: tuple[RubricDef, ...]) -> list[Rubric]:
+    return [
+        Rubric(
+            id=r.id,
+            name=r.id.replace("_", " "),
+            description=r.description,
+            weight=r.weight,
+            evaluator=r.evaluator,
+        )
+        for r in rubrics
+    ]
 
 
-_DEFAULT = [
-    _r("goal_progress", 0.30, "How much this step moves the agent toward completing the task."),
-    _r("tool_choice", 0.20, "Whether the tool chosen is the right one for what the step needs."),
-    _r("param_correctness", 0.20, "Whether the tool's parameters are correct, complete and well-formed."),
-    _r("info_utilization", 0.15, "Uses information from earlier observations.", "rule"),
-    _r("non_redundancy", 0.15, "Does not repeat earlier work.", "rule"),
-]
-
-BUILTIN: dict[str, list[Rubric]] = {
-    "generic": _DEFAULT,
-    "coding": _DEFAULT,
-    "browser": _DEFAULT,
-    "crew": _DEFAULT,
-    "conversation": [
-        _r("relevance", 0.25, "The reply addresses what the user actually asked."),
-        _r("completeness", 0.20, "The reply covers every part of the request."),
-        _r("clarity", 0.20, "The reply is clear and well organised."),
-        _r("actionability", 0.15, "The user can act on the reply."),
-        _r("tone_fit", 0.10, "The tone suits the user and the situation."),
-        _r("non_redundancy", 0.10, "Does not repeat earlier turns.", "rule"),
-    ],
-    "engineering": [
-        _r("technical_accuracy", 0.30, "Technical statements and actions are correct."),
-        _r("tool_usage", 0.20, "Tools are used appropriately and effectively."),
-        _r("thoroughness", 0.20, "The step checks what needs checking; no important case is skipped."),
-        _r("info_utilization", 0.15, "Uses information from earlier observations.", "rule"),
-        _r("non_redundancy", 0.15, "Does not repeat earlier work.", "rule"),
-    ],
-    "advisory": [
-        _r("analysis_depth", 0.25, "The analysis goes beyond the obvious and is well reasoned."),
-        _r("recommendation_quality", 0.25, "Recommendations are specific, sound and prioritised."),
-        _r("evidence_based", 0.20, "Claims are backed by evidence from the task or observations."),
-        _r("risk_awareness", 0.15, "Risks and trade-offs are identified."),
-        _r("stakeholder_consideration", 0.15, "The interests of those affected are considered."),
-    ],
-    "discussion": [
-        _r("substantive_contribution", 0.25, "The contribution adds substance to the discussion."),
-        _r("engagement_quality", 0.25, "It engages with what others said."),
-        _r("professional_depth", 0.20, "It shows professional knowledge."),
-        _r("constructive_challenge", 0.15, "It challenges ideas constructively where warranted."),
-        _r("actionability", 0.15, "It leads toward decisions or next steps."),
-    ],
-}
+# The judge's view of the one built-in catalogue (streams.rubrics), which the rule profiles share.
+BUILTIN: dict[str, list[Rubric]] = {domain: _from_catalogue(rs) for domain, rs in BUILTIN_RUBRICS.items()}
 
 
 class RubricCatalog:
@@ -130,18 +98,21 @@ class RubricCatalog:
 
     @classmethod
     def load(cls, path: str | Path | None) -> RubricCatalog:
-        if path is None or not Path(path).exists():
+        """Built-ins plus the overrides in `path`; no path given (None or empty) gives the built-ins,
+        a path given that does not exist raises RubricsError naming it."""
+        found = option_file(path, "rubrics file", RubricsError)
+        if found is None:
             return cls()
-        text = Path(path).read_text()
         try:
-            raw = json.loads(text) if Path(path).suffix.lower() == ".json" else _yaml(text)
+            text = found.read_text()
+            raw = json.loads(text) if found.suffix.lower() == ".json" else _yaml(text)
             overrides = {d: [Rubric.model_validate(r) for r in items] for d, items in (raw or {}).items()}
-        except (ValueError, AttributeError, TypeError) as exc:
-            raise RubricsError(f"rubric file {path}: {exc}") from None
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
+            raise RubricsError(f"rubrics file {found}: {exc}") from None
         return cls(overrides)
 
     def for_domain(self, domain: str) -> RubricSet:
-        key = domain if domain in self._sets else "generic"
+        key = domain if domain in self._sets else FALLBACK_DOMAIN
         return RubricSet(domain=key, rubrics=list(self._sets[key]))
 
 

@@ -6,6 +6,8 @@ A rules file (YAML or JSON) holds an ordered list; the first rule whose filters 
 evaluators can co-sample by using the same salt.
 
 This module is pure: it reads a file only in `JudgeRules.load`, and never talks to Kafka or a model.
+No rules file given means no rules (nothing is judged); a rules file given that does not exist is a
+`JudgeRulesError` naming the path.
 
 Example rules file::
 
@@ -37,14 +39,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.errors import AgentstreamError
 from schemas.events import EpisodeStarted
+from streams.errors import JudgeRulesError, option_file
 
 JudgeMode = Literal["step", "trajectory", "group"]
-
-
-class JudgeRulesError(AgentstreamError):
-    """A judge rules file that cannot be read or does not validate."""
 
 
 def sample_fraction(trajectory_id: str, salt: str = "") -> float:
@@ -107,20 +105,21 @@ class JudgeRules(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path | None) -> JudgeRules:
-        """Rules from a YAML or JSON file; None or a missing file gives no rules."""
-        if path is None or str(path) == "" or not Path(path).exists():
+        """Rules from a YAML or JSON file. No path given (None or empty) gives no rules; a path given
+        that does not exist raises JudgeRulesError naming it (a typo must not silently judge nothing)."""
+        found = option_file(path, "judge rules file", JudgeRulesError)
+        if found is None:
             return cls()
-        text = Path(path).read_text()
         try:
-            raw = _parse_text(text, Path(path).suffix.lower())
-        except ValueError as exc:
-            raise JudgeRulesError(f"judge rules {path}: {exc}") from None
+            raw = _parse_text(found.read_text(), found.suffix.lower())
+        except (OSError, ValueError) as exc:
+            raise JudgeRulesError(f"judge rules file {found}: {exc}") from None
         if isinstance(raw, list):
             raw = {"rules": raw}
         try:
             return cls.model_validate(raw or {})
         except ValueError as exc:
-            raise JudgeRulesError(f"judge rules {path}: {exc}") from None
+            raise JudgeRulesError(f"judge rules file {found}: {exc}") from None
 
     def rule_for(self, started: EpisodeStarted) -> JudgeRule | None:
         """The first rule whose filters match, if the trajectory is in its sample; else None."""

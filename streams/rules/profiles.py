@@ -2,12 +2,14 @@
 
 Owns the seven built-in profiles of the seed (coding, browser, conversation, engineering, advisory,
 discussion, generic; reference/seed-knowlyr-gym.md sections 2.4 and 2.5) and loading user profiles
-from a JSON or YAML file. Pure data: no I/O except `load_profiles(path)`.
+from a JSON or YAML file. Pure data: no I/O except `load_profiles(path)`. No profiles file given
+means the built-ins; a profiles file given that does not exist is a `ProfileError` naming it.
 
 A profile carries:
 - `tools`: ToolSpec(name, category, stateful_key, aliases); lookups are by name or alias.
 - `outcome`: OutcomeSpec (success / score / total / partial-credit field names of the outcome).
-- `rubrics`: rubric id -> RubricSpec(weight, evaluator "rule" | "model" | "human").
+- `rubrics`: rubric id -> RubricSpec(weight, evaluator "rule" | "model" | "human"); the built-in
+  profiles take theirs from `streams.rubrics.BUILTIN_RUBRICS`, as the judge's rubric sets do.
 - `reward_weights`: outcome / process / efficiency (default 0.4 / 0.5 / 0.1).
 - `layer_weights` (optional): rule / judge / human weights of a step's process score. When absent,
   rule = sum of the rule-rubric weights, judge = sum of the model-rubric weights, human = 1.0, which
@@ -15,7 +17,8 @@ A profile carries:
 
 Deviations from the seed (each deliberate):
 - The seed's 8th, undocumented `crew` profile is not built in (its outcome spec is a bug: steps/tokens).
-  Users can load an equivalent profile from a file.
+  Users can load an equivalent profile from a file. `crew` resolves to `generic`, whose rubrics are
+  the seed's crew rubrics; the judge does the same (one catalogue: streams.rubrics).
 - `default_rubric_weights` was never read in the seed; here `rubrics` and `reward_weights` are used.
 - Unknown domain names resolve to `generic` (as in the seed) but the caller can see it via `.domain`.
 
@@ -41,11 +44,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import AgentstreamError
-
-
-class ProfileError(AgentstreamError):
-    """A profile file or mapping is invalid (the message names the field and the value)."""
+from streams.errors import ProfileError, option_file
+from streams.rubrics import BUILTIN_RUBRICS, EVALUATORS, default_evaluator
 
 
 class ToolCategory(StrEnum):
@@ -151,47 +151,16 @@ def _t(name: str, category: ToolCategory, key: str = "", *aliases: str) -> ToolS
     return ToolSpec(name, category, key, tuple(aliases))
 
 
-def _rubrics(**weights: tuple[float, str]) -> dict[str, RubricSpec]:
-    return {rid: RubricSpec(w, ev) for rid, (w, ev) in weights.items()}
+def _rubrics(domain: str) -> dict[str, RubricSpec]:
+    """A built-in domain's rubrics, from the one catalogue the judge reads too (streams.rubrics)."""
+    return {r.id: RubricSpec(r.weight, r.evaluator) for r in BUILTIN_RUBRICS[domain]}
 
 
-M, RU = "model", "rule"
-DEFAULT_RUBRICS = _rubrics(
-    goal_progress=(0.30, M),
-    tool_choice=(0.20, M),
-    param_correctness=(0.20, M),
-    info_utilization=(0.15, RU),
-    non_redundancy=(0.15, RU),
-)
-CONVERSATION_RUBRICS = _rubrics(
-    relevance=(0.25, M),
-    completeness=(0.20, M),
-    clarity=(0.20, M),
-    actionability=(0.15, M),
-    tone_fit=(0.10, M),
-    non_redundancy=(0.10, RU),
-)
-ENGINEERING_RUBRICS = _rubrics(
-    technical_accuracy=(0.30, M),
-    tool_usage=(0.20, M),
-    thoroughness=(0.20, M),
-    info_utilization=(0.15, RU),
-    non_redundancy=(0.15, RU),
-)
-ADVISORY_RUBRICS = _rubrics(
-    analysis_depth=(0.25, M),
-    recommendation_quality=(0.25, M),
-    evidence_based=(0.20, M),
-    risk_awareness=(0.15, M),
-    stakeholder_consideration=(0.15, M),
-)
-DISCUSSION_RUBRICS = _rubrics(
-    substantive_contribution=(0.25, M),
-    engagement_quality=(0.25, M),
-    professional_depth=(0.20, M),
-    constructive_challenge=(0.15, M),
-    actionability=(0.15, M),
-)
+DEFAULT_RUBRICS = _rubrics("generic")
+CONVERSATION_RUBRICS = _rubrics("conversation")
+ENGINEERING_RUBRICS = _rubrics("engineering")
+ADVISORY_RUBRICS = _rubrics("advisory")
+DISCUSSION_RUBRICS = _rubrics("discussion")
 
 CODING = DomainProfile(
     "coding",
@@ -302,7 +271,10 @@ class ProfileRegistry:
 
     @classmethod
     def from_file(cls, path: str | Path | None) -> ProfileRegistry:
-        return cls(load_profiles(path) if path else None)
+        """Built-ins plus the profiles in `path`; no path given (None or empty) gives the built-ins,
+        a path given that does not exist raises ProfileError naming it."""
+        found = option_file(path, "profiles file", ProfileError)
+        return cls(load_profiles(found) if found else None)
 
 
 # --- loading user profiles ------------------------------------------------------------------------
@@ -311,6 +283,8 @@ class ProfileRegistry:
 def load_profiles(path: str | Path) -> dict[str, DomainProfile]:
     """Read one profile or `{"profiles": [...]}` from a JSON or YAML file."""
     path = Path(path)
+    if not path.exists():
+        raise ProfileError(f"profiles file {path} does not exist")
     try:
         text = path.read_text()
     except OSError as exc:
@@ -406,9 +380,8 @@ def _rubric_map(data: Any, where: str) -> dict[str, RubricSpec]:
         if not isinstance(spec, dict):
             raise ProfileError(f"{where}.{rid}: must be a weight or {{weight, evaluator}}, got {spec!r}")
         weight = _number(spec.get("weight"), f"{where}.{rid}.weight")
-        default_ev = "rule" if rid in {"info_utilization", "non_redundancy"} else "model"
-        evaluator = spec.get("evaluator", default_ev)
-        if evaluator not in {"rule", "model", "human"}:
+        evaluator = spec.get("evaluator", default_evaluator(str(rid)))
+        if evaluator not in EVALUATORS:
             raise ProfileError(f"{where}.{rid}.evaluator: {evaluator!r} is not rule, model or human")
         out[str(rid)] = RubricSpec(weight, evaluator)
     return out

@@ -53,6 +53,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from streams.rubrics import INFO_UTILIZATION, NON_REDUNDANCY
 from streams.rules.profiles import DomainProfile, OutcomeSpec, ToolCategory
 
 REWARD_VERSION = "rules-1"
@@ -254,7 +255,7 @@ def rule_score(
     True
     """
     present = [v for v in (redundancy, regression) if v is not None]
-    rubric = {"non_redundancy": min(present) if present else None, "info_utilization": info}
+    rubric = {NON_REDUNDANCY: min(present) if present else None, INFO_UTILIZATION: info}
     total = weight = 0.0
     for rid, w in profile.rule_rubric_weights().items():
         value = rubric.get(rid)

@@ -16,7 +16,7 @@ from streams.judge.messages_server import MessagesServer, outside_blocks, score_
 from streams.judge.processor import JudgeProcessor, SourceRecord
 from streams.judge.prompt import TAG
 from streams.judge.rubrics import RubricCatalog
-from streams.judge.selection import JudgeRule, JudgeRules, sample_fraction
+from streams.judge.selection import JudgeRule, JudgeRules, JudgeRulesError, sample_fraction
 from tests.support.judge_events import T0, ended, started, step, trajectory
 
 INJECTION = (
@@ -92,7 +92,9 @@ def test_rules_file_yaml(tmp_path):
     path = tmp_path / "rules.yaml"
     path.write_text("rules:\n  - name: c\n    domains: [coding]\n    mode: group\n    rate: 1.0\n")
     assert JudgeRules.load(path).mode_for(started("x")) == "group"
-    assert JudgeRules.load(tmp_path / "missing.yaml").rules == []
+    # a rules file that was named but is not there is an error naming it (issue #12), not "no rules"
+    with pytest.raises(JudgeRulesError, match=r"judge rules file .*missing\.yaml does not exist"):
+        JudgeRules.load(tmp_path / "missing.yaml")
     assert JudgeRules.load(None).rules == []
 
 
