@@ -1,5 +1,8 @@
 """`agentstream annotate` and `agentstream calibrate` (the human layer). Handlers import lazily.
 
+Only argument handling and output live here; reading, fitting and publishing are streams.judge's
+(`human.py` for the I/O, `annotations.py` and `calibration.py` for the pure parts).
+
 - `annotate --trajectory ID [--step N] --rubric R --score S [--annotator A] [--comment C]`, or
   `annotate --import FILE.jsonl`: publish `feedback.annotation` events to `feedback.human`.
 - `calibrate [--domain D] [--publish] [--plot PATH]`: read episode starts, judge scores and
@@ -10,13 +13,8 @@
 
 from __future__ import annotations
 
-import json
-import logging
-from pathlib import Path
-
+from infra.cli import output
 from infra.cli.options import add_option, command_parser
-
-log = logging.getLogger(__name__)
 
 
 def register(sub) -> None:
@@ -59,9 +57,10 @@ def register(sub) -> None:
 
 def annotate(args) -> int:
     from streams.judge.annotations import AnnotationError, annotation_event
+    from streams.judge.human import publish, read_labels
 
     if args.import_path:
-        events, errors = _read_labels(Path(args.import_path))
+        events, rejected = read_labels(args.import_path)
     else:
         if not args.trajectory or args.score is None:
             raise AnnotationError("--trajectory and --score are required (or use --import FILE.jsonl)")
@@ -70,183 +69,47 @@ def annotate(args) -> int:
                 args.trajectory, args.rubric, args.score, args.step, args.annotator, args.comment
             )
         ]
-        errors = []
-    bootstrap = _bootstrap(args)
-    if events:
-        _publish(bootstrap, events)
-    print(f"published {len(events)} annotation(s) to feedback.human")
-    for error in errors:
-        print(f"rejected: {error}")
-    return 1 if errors else 0
-
-
-def _read_labels(path: Path):
-    from streams.judge.annotations import AnnotationError, annotation_from_row
-
-    if not path.exists():
-        raise AnnotationError(f"--import: no such file {str(path)!r}")
-    events, errors = [], []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            events.append(annotation_from_row(json.loads(line)))
-        except (ValueError, AnnotationError) as exc:
-            errors.append(f"{path}:{number}: {exc}")
-    return events, errors
-
-
-def _bootstrap(args) -> str:
-    from schemas.settings import Settings
-
-    return Settings.from_args(args).bootstrap_servers
-
-
-def _publish(bootstrap: str, events) -> None:
-    from kafka import KafkaProducer
-
-    from clients.kafka import ensure_topics
-    from schemas.codec import encode, encode_key
-    from schemas.topics import FEEDBACK_HUMAN, TOPICS, topic_for
-
-    ensure_topics(bootstrap, [TOPICS[FEEDBACK_HUMAN]])
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", retries=5)
-    try:
-        futures = [producer.send(topic_for(e.type), key=encode_key(e), value=encode(e)) for e in events]
-        producer.flush()
-        for future in futures:
-            future.get(timeout=30)  # raises if the broker did not acknowledge
-    finally:
-        producer.close()
+        rejected = []
+    publish(_settings(args).bootstrap_servers, events)
+    output.say(f"published {len(events)} annotation(s) to feedback.human")
+    output.lines(f"rejected: {line}" for line in rejected)
+    return 1 if rejected else 0
 
 
 # --- calibrate ------------------------------------------------------------------------------------
 
 
 def calibrate(args) -> int:
-    from schemas.topics import AGENT_EVENTS, FEEDBACK_HUMAN, REWARD_JUDGE
-    from streams.judge.annotations import ScoreTables, pair_tables
-    from streams.judge.calibration import CalibrationError, fit_calibration, reliability_plot, report_rows
+    from streams.judge.annotations import pair_tables
+    from streams.judge.calibration import calibration_event, fit_by_key, reliability_plot, report_rows
+    from streams.judge.human import publish, read_clickhouse, read_score_tables
 
-    bootstrap = _bootstrap(args)
+    settings = _settings(args)
     if args.source == "clickhouse":
-        tables = read_clickhouse(_clickhouse_url(args))
+        tables = read_clickhouse(settings.resolved_clickhouse_url)
     else:
-        events = read_topics(bootstrap, [AGENT_EVENTS, REWARD_JUDGE, FEEDBACK_HUMAN], args.read_timeout)
-        tables = ScoreTables.from_events(events)
+        tables = read_score_tables(settings.bootstrap_servers, args.read_timeout)
     pairs = pair_tables(tables, args.domain)
-    results, skipped = [], []
-    for (domain, rubric), matched in sorted(pairs.by_key.items()):
-        if len(matched) < max(2, args.min_pairs):
-            skipped.append(f"{domain}/{rubric}: {len(matched)} label(s), need {args.min_pairs}")
-            continue
-        auto, human = [a for a, _ in matched], [h for _, h in matched]
-        try:
-            results.append(fit_calibration(auto, human, domain=domain, rubric=rubric))
-        except CalibrationError as exc:
-            skipped.append(f"{domain}/{rubric}: {exc}")
-    _print_report(report_rows(results), skipped, pairs.unmatched)
+    results, skipped = fit_by_key(pairs.by_key, args.min_pairs)
+    _show_report(report_rows(results), skipped, pairs.unmatched)
     if args.plot and results:
-        print(f"reliability plot: {reliability_plot(results, args.plot)}")
+        output.say(f"reliability plot: {reliability_plot(results, args.plot)}")
     if args.publish and results:
-        _publish(bootstrap, [calibration_event(r) for r in results])
-        print(f"published {len(results)} calibration map(s) to feedback.human")
+        publish(settings.bootstrap_servers, [calibration_event(r) for r in results])
+        output.say(f"published {len(results)} calibration map(s) to feedback.human")
     return 0
 
 
-def calibration_event(result):
-    """The `calibration.updated` event of a fit (id derived from its version)."""
-    from schemas.events import CalibrationUpdated, utc_now
-    from schemas.ids import derived_event_id
-
-    cmap = result.map
-    return CalibrationUpdated(
-        event_id=derived_event_id("calibration.updated", cmap.version),
-        trajectory_id=f"calibration:{cmap.domain}:{cmap.rubric}",
-        occurred_at=utc_now(),
-        producer="agentstream-calibrate",
-        version=cmap.version,
-        domain=cmap.domain,
-        rubric=cmap.rubric,
-        xs=cmap.xs,
-        ys=cmap.ys,
-        metrics=result.metrics,
-        n=result.n,
-    )
-
-
-def _print_report(rows, skipped, unmatched: int) -> None:
+def _show_report(rows, skipped, unmatched: int) -> None:
     from infra.bench.report import format_table
 
-    print(format_table(rows) if rows else "no (domain, rubric) with enough labels to calibrate")
-    for line in skipped:
-        print(f"skipped {line}")
+    output.say(format_table(rows) if rows else "no (domain, rubric) with enough labels to calibrate")
+    output.lines(f"skipped {line}" for line in skipped)
     if unmatched:
-        print(f"{unmatched} label(s) had no judge score to compare with")
+        output.say(f"{unmatched} label(s) had no judge score to compare with")
 
 
-def _clickhouse_url(args) -> str:
+def _settings(args):
     from schemas.settings import Settings
 
-    return Settings.from_args(args).resolved_clickhouse_url
-
-
-def read_clickhouse(url: str):
-    """Judge scores, labels and episode domains from the ClickHouse tables the sink fills."""
-    from clients.clickhouse.client import connect
-    from streams.judge.annotations import ScoreTables
-
-    client = connect(url, wait_s=10.0)
-    tables = ScoreTables()
-    rows = client.query("SELECT trajectory_id, any(domain) FROM agentstream.episodes GROUP BY trajectory_id")
-    tables.domains = {tid: domain or "generic" for tid, domain in rows.result_rows}
-    judged = client.query(
-        "SELECT trajectory_id, kind, step_index, scores, score FROM agentstream.judge_scores FINAL "
-        "WHERE kind IN ('step', 'trajectory') ORDER BY occurred_at"
-    )
-    for tid, kind, step_index, scores, score in judged.result_rows:
-        if kind == "step" and step_index is not None:
-            tables.steps[(tid, int(step_index))] = (dict(scores), score)
-        elif kind == "trajectory":
-            tables.trajectories[tid] = (dict(scores), score)
-    labels = client.query(
-        "SELECT trajectory_id, step_index, rubric, score FROM agentstream.annotations FINAL"
-    )
-    for tid, step_index, rubric, score in labels.result_rows:
-        tables.labels[(tid, None if step_index is None else int(step_index), rubric)].append(float(score))
-    return tables
-
-
-def read_topics(bootstrap: str, topics: list[str], timeout_s: float = 30.0) -> list:
-    """Every decodable event on `topics` up to their end offsets at call time (undecodable ones are
-    counted and logged, not returned)."""
-    import time
-
-    from kafka import KafkaConsumer, TopicPartition
-
-    from schemas.codec import decode
-    from schemas.errors import DecodeError
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
-    try:
-        parts = [TopicPartition(t, p) for t in topics for p in (consumer.partitions_for_topic(t) or ())]
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        end = consumer.end_offsets(parts)
-        events, bad = [], 0
-        deadline = time.monotonic() + timeout_s
-        while any(consumer.position(tp) < end[tp] for tp in parts):
-            if time.monotonic() > deadline:
-                log.warning("calibrate: stopped reading after %.0fs; results cover what was read", timeout_s)
-                break
-            for records in consumer.poll(timeout_ms=500).values():
-                for record in records:
-                    try:
-                        events.append(decode(record.value))
-                    except DecodeError:
-                        bad += 1
-        if bad:
-            log.warning("calibrate: %d undecodable record(s) skipped (the DLQ has them)", bad)
-        return events
-    finally:
-        consumer.close()
+    return Settings.from_args(args)

@@ -2,8 +2,10 @@
 
 Pure functions over plain floats: Pearson, Spearman, Kendall tau-b, pairwise ranking agreement and
 mean absolute error; an isotonic fit by pool-adjacent-violators; `CalibrationMap`, the fitted
-piecewise-linear map with a version, which the assembler applies to judge scores. The plot is the
-only I/O here (matplotlib, imported lazily). Reading annotations and publishing maps is `cli.py`.
+piecewise-linear map with a version, which the assembler applies to judge scores; `fit_by_key`
+fits one map per (domain, rubric) and `calibration_event` is the `calibration.updated` event that
+carries a map. The plot is the only I/O here (matplotlib, imported lazily). Reading scores and
+labels and publishing maps is `human.py`; `agentstream calibrate` is infra/commands/judge.py.
 
 >>> m = CalibrationMap(version="v1", domain="coding", rubric="overall", xs=[0.0, 1.0], ys=[0.2, 0.8])
 >>> round(m.apply(0.5), 6)
@@ -18,13 +20,17 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from schemas.events import CalibrationUpdated, utc_now
+from schemas.ids import derived_event_id
 from streams.errors import CalibrationError
+
+PRODUCER = "agentstream-calibrate"
 
 
 class CalibrationMap(BaseModel):
@@ -269,6 +275,49 @@ def fit_calibration(
         before=agreement_metrics(auto, human),
         after=agreement_metrics(calibrated, human),
         pairs=list(zip(auto, human, strict=True)),
+    )
+
+
+def fit_by_key(
+    by_key: Mapping[tuple[str, str], Sequence[tuple[float, float]]], min_pairs: int
+) -> tuple[list[CalibrationResult], list[str]]:
+    """One fit per (domain, rubric) with at least `min_pairs` (judge, human) pairs (and never fewer
+    than 2), in key order; and one line per key left out, saying why.
+
+    >>> results, skipped = fit_by_key({("coding", "overall"): [(0.1, 0.2), (0.9, 0.8)],
+    ...                                ("coding", "tool_choice"): [(0.5, 0.5)]}, min_pairs=2)
+    >>> [(r.map.domain, r.map.rubric, r.n) for r in results], skipped
+    ([('coding', 'overall', 2)], ['coding/tool_choice: 1 label(s), need 2'])
+    """
+    results, skipped = [], []
+    for (domain, rubric), matched in sorted(by_key.items()):
+        if len(matched) < max(2, min_pairs):
+            skipped.append(f"{domain}/{rubric}: {len(matched)} label(s), need {min_pairs}")
+            continue
+        auto, human = [a for a, _ in matched], [h for _, h in matched]
+        try:
+            results.append(fit_calibration(auto, human, domain=domain, rubric=rubric))
+        except CalibrationError as exc:
+            skipped.append(f"{domain}/{rubric}: {exc}")
+    return results, skipped
+
+
+def calibration_event(result: CalibrationResult, producer: str = PRODUCER) -> CalibrationUpdated:
+    """The `calibration.updated` event of a fit; its id derives from the map's version, so
+    publishing the same fit twice is one event to every reader."""
+    cmap = result.map
+    return CalibrationUpdated(
+        event_id=derived_event_id("calibration.updated", cmap.version),
+        trajectory_id=f"calibration:{cmap.domain}:{cmap.rubric}",
+        occurred_at=utc_now(),
+        producer=producer,
+        version=cmap.version,
+        domain=cmap.domain,
+        rubric=cmap.rubric,
+        xs=cmap.xs,
+        ys=cmap.ys,
+        metrics=result.metrics,
+        n=result.n,
     )
 
 

@@ -9,11 +9,11 @@ import subprocess
 import pytest
 
 from clients.kafka import ensure_topics
-from infra.commands.judge import _publish, read_topics
 from schemas.events import EpisodeStarted, JudgeTrajectory
 from schemas.topics import FEEDBACK_HUMAN
 from streams.judge.annotations import annotation_event, pair_scores
 from streams.judge.calibration import CalibrationMap
+from streams.judge.human import publish, read_events
 from tests.support.processes import AGENTSTREAM, wait_for
 
 T0 = "2026-11-21T10:00:00Z"
@@ -64,7 +64,7 @@ def _harsh_judge_data(bootstrap: str, tmp_path):
                             judge_model="m", prompt_version="v", scores={}, score=round(auto, 6))
         )  # fmt: skip
         labels.append({"trajectory_id": tid, "score": round(human, 6), "annotator": "ann"})
-    _publish(bootstrap, judged)
+    publish(bootstrap, judged)
     path = tmp_path / "labels.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in labels) + '\n{"trajectory_id": "x", "score": 3}\n')
     return path
@@ -86,14 +86,14 @@ def test_annotate_import_and_calibrate_publish_a_map_that_undoes_the_distortion(
     assert "coding" in done.stdout and "published 1 calibration map(s)" in done.stdout
     assert png.read_bytes()[:4] == b"\x89PNG"
 
-    maps = [e for e in read_topics(broker.bootstrap, [FEEDBACK_HUMAN]) if e.type == "calibration.updated"]
+    maps = [e for e in read_events(broker.bootstrap, [FEEDBACK_HUMAN]) if e.type == "calibration.updated"]
     (event,) = maps
     assert (event.domain, event.rubric, event.n) == ("coding", "overall", 60)
     assert event.metrics["calibrated_mae"] < event.metrics["mae"] / 3
     cmap = CalibrationMap.from_event(event)
     assert cmap.apply(0.5**2.5) == pytest.approx(0.5, abs=0.06)
     labels_on_topic = [
-        e for e in read_topics(broker.bootstrap, [FEEDBACK_HUMAN]) if e.type == "feedback.annotation"
+        e for e in read_events(broker.bootstrap, [FEEDBACK_HUMAN]) if e.type == "feedback.annotation"
     ]
     assert len(labels_on_topic) == 61
 

@@ -144,9 +144,9 @@ def test_assembled_trajectories_carry_judge_scores_and_a_published_calibration(b
     """rules + assembler + judge workers: the assembler waits for the judge on selected trajectories,
     and after `calibration.updated` arrives its totals use the calibrated judge score and name the
     map's version."""
-    from infra.commands.judge import _publish, calibration_event
     from schemas.topics import TRAJECTORY_SCORED
-    from streams.judge.calibration import fit_calibration
+    from streams.judge.calibration import calibration_event, fit_calibration
+    from streams.judge.human import publish
 
     rules = tmp_path / "rules.yaml"
     rules.write_text("rules:\n  - name: all\n    mode: trajectory\n")
@@ -166,7 +166,7 @@ def test_assembled_trajectories_carry_judge_scores_and_a_published_calibration(b
             fit = fit_calibration(
                 [0.1, 0.3, 0.6, 0.9], [0.4, 0.7, 0.8, 1.0], domain="coding", rubric="overall"
             )
-            _publish(broker.bootstrap, [calibration_event(fit)])
+            publish(broker.bootstrap, [calibration_event(fit)])
             # the assembler consumes feedback.human independently of agent.events: wait until it has the map
             wait_for(
                 lambda: f"calibration {fit.map.version}" in worker.log_text(), 60, what="the map applied"

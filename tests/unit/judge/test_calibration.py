@@ -113,9 +113,9 @@ def test_assembler_totals_change_with_a_published_calibration_map():
     """The map travels as `calibration.updated` (as `agentstream calibrate --publish` sends it) into the
     streams assembler: a trajectory assembled after it has a calibrated judge layer, a different
     total and the map's version in `calibration_version`."""
-    from infra.commands.judge import calibration_event
     from schemas.events import EpisodeEnded, EpisodeStarted, JudgeTrajectory, RuleRewardStep, StepRecorded
     from schemas.topics import topic_for
+    from streams.judge.calibration import calibration_event
     from streams.processors import Record, TrajectoryAssembler
     from streams.rules.profiles import ProfileRegistry
 
