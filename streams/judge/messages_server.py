@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import re
+import sys
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -201,13 +202,14 @@ def _text_of(content) -> str:
     return ""
 
 
-def main() -> None:  # a module entry point, so it prints its URL for the parent process
+def main() -> None:  # a module entry point: it writes its URL on stdout for the parent process
     parser = argparse.ArgumentParser(description="local Messages-API server for judge tests/benchmarks")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency", type=float, default=0.0)
     args = parser.parse_args()
     server = MessagesServer(latency_s=args.latency, port=args.port).start()
-    print(server.url, flush=True)
+    sys.stdout.write(server.url + "\n")
+    sys.stdout.flush()
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

@@ -111,7 +111,6 @@ def test_worker_rewards_and_assembles_through_a_crash(broker, tmp_path):
         time.sleep(2)  # anything extra (a second revision) would show up now
     finally:
         worker.stop()
-    print(worker.log_text()[-2000:])
 
     rewards = _unique_by_id(read_topic(broker.bootstrap, topics.REWARD_RULE))
     scored = _unique_by_id(read_topic(broker.bootstrap, topics.TRAJECTORY_SCORED))
