@@ -7,38 +7,33 @@ Each role is one faust app whose id is `agentstream-<role>`, so its consumer gro
 Settings are read once, by the CLI, into a `WorkerConfig` that is passed down; nothing here reads the
 environment. faust is imported inside `create_app` so `agentstream --help` stays fast.
 
-Roles:
-- `rules` and `assembler`: streams/agents.py.
-- `judge`: `streams.judge.agent:register_judge_agents(app, config)` (owned by the judge package;
-  it reads its own `AGENTSTREAM_JUDGE_*` settings).
+Roles (`ROLE_REGISTRARS`, one folder each with the same files: `processor.py`, the pure batch logic,
+and `role.py`, whose `register(app, config)` wires it on the one batch shell, streams/shell.py):
+- `rules`: streams/rules/; `assembler`: streams/assembler/;
+- `judge`: streams/judge/ (it reads its own `AGENTSTREAM_JUDGE_*` settings).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
 
+from streams.assembler import role as assembler_role
 from streams.config import ROLES, WorkerConfig, WorkerConfigError
+from streams.faust_compat import import_faust
+from streams.judge import role as judge_role
+from streams.rules import role as rules_role
 
 log = logging.getLogger(__name__)
 
 ROLE_REGISTRARS = {
-    "rules": "streams.agents:register_rules",
-    "assembler": "streams.agents:register_assembler",
-    "judge": "streams.judge.agent:register_judge_agents",
+    "rules": rules_role.register,
+    "assembler": assembler_role.register,
+    "judge": judge_role.register,
 }
 assert set(ROLE_REGISTRARS) == set(ROLES)
 
-
-def import_faust():
-    """Import faust with our fixes for its recovery race applied (streams/faust_fixes.py)."""
-    import faust
-
-    from streams import faust_fixes
-
-    faust_fixes.apply(faust)
-    return faust
+__all__ = ["ROLE_REGISTRARS", "create_app", "import_faust"]
 
 
 def _broker_urls(bootstrap: str) -> list[str]:
@@ -77,13 +72,6 @@ def create_app(config: WorkerConfig, role: str):
         stream_wait_empty=False,
         stream_recovery_delay=0.0,
     )
-    module_name, func_name = ROLE_REGISTRARS[role].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise WorkerConfigError(
-            f"role {role!r} needs module {module_name!r}, which is not available: {exc}"
-        ) from None
-    getattr(module, func_name)(app, config)
+    ROLE_REGISTRARS[role](app, config)
     log.info("%s: app %s ready (broker %s)", role, app_id, config.bootstrap_servers)
     return app

@@ -6,7 +6,7 @@ must be at (or, when re-delivered, before) the group's committed offset, and eve
 most one past the highest seen. Anything beyond that is an event the consumer lost between fetch
 and agent; faust would then commit past it (its own gap check treats the committed offset as the
 last processed one). The agent exits instead of acking such a batch, so the restart reads again
-from the committed offset. Pure logic; streams/agents.py is the I/O shell.
+from the committed offset. Pure logic; streams/shell.py is the I/O shell.
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
 """Bulk sending for the stream processors: one record batch per partition, awaited together.
 
-Uses the aiokafka producer that faust runs (faust internals: `Producer._ensure_producer`), so the
-worker has one producer and faust's pre-commit flush covers these sends too.
+Uses the aiokafka producer that faust runs (through streams/faust_compat.py), so the worker has one
+producer and faust's pre-commit flush covers these sends too.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from streams import faust_compat
 
-async def send_all(app, messages: list[tuple[str, bytes, bytes]]) -> None:
+
+async def send_all(app, messages: list[tuple[str, bytes | None, bytes | None]]) -> None:
     """Send (topic, key, value) messages and wait for all acknowledgements.
 
     Messages are grouped into one record batch per partition and handed to aiokafka's batch API
@@ -18,24 +20,35 @@ async def send_all(app, messages: list[tuple[str, bytes, bytes]]) -> None:
     so keys land where a plain `send` (and faust's `use_partitioner` tables) would put them."""
     if not messages:
         return
-    aio = app.producer._ensure_producer()  # the aiokafka producer inside faust's
-    partitions: dict[tuple[str, bytes], int] = {}
-    by_tp: dict[tuple[str, int], list[tuple[bytes, bytes]]] = {}
+    aio = faust_compat.aiokafka_producer(app)
     for topic in {m[0] for m in messages}:
-        await aio.client._wait_on_metadata(topic)
+        await faust_compat.wait_for_metadata(aio, topic)
+    futures = [
+        await aio.send_batch(batch, topic, partition=partition)
+        for (topic, partition), items in _by_partition(aio, messages).items()
+        for batch in _batches(aio, items)
+    ]
+    await asyncio.gather(*futures)
+
+
+def _by_partition(aio, messages) -> dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]]:
+    partitions: dict[tuple[str, bytes | None], int] = {}
+    by_tp: dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]] = {}
     for topic, key, value in messages:
         slot = (topic, key)
         partition = partitions.get(slot)
         if partition is None:
-            partition = partitions[slot] = aio._partition(topic, None, None, None, key, value)
+            partition = partitions[slot] = faust_compat.partition_for(aio, topic, key, value)
         by_tp.setdefault((topic, partition), []).append((key, value))
-    futures = []
-    for (topic, partition), items in by_tp.items():
-        batch = aio.create_batch()
-        for key, value in items:
-            if batch.append(timestamp=None, key=key, value=value, headers=[]) is None:
-                futures.append(await aio.send_batch(batch, topic, partition=partition))
-                batch = aio.create_batch()
-                batch.append(timestamp=None, key=key, value=value, headers=[])
-        futures.append(await aio.send_batch(batch, topic, partition=partition))
-    await asyncio.gather(*futures)
+    return by_tp
+
+
+def _batches(aio, items):
+    """Record batches holding `items`, a new one whenever the current one is full."""
+    batch = aio.create_batch()
+    for key, value in items:
+        if batch.append(timestamp=None, key=key, value=value, headers=[]) is None:
+            yield batch
+            batch = aio.create_batch()
+            batch.append(timestamp=None, key=key, value=value, headers=[])
+    yield batch

@@ -13,8 +13,9 @@ from dataclasses import replace
 
 from clients.kafka import ensure_topics
 from schemas import topics
-from streams.app import create_app, import_faust
+from streams.app import create_app
 from streams.config import WorkerConfig, WorkerConfigError
+from streams.faust_compat import import_faust
 
 log = logging.getLogger(__name__)
 

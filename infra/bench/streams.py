@@ -345,7 +345,7 @@ def baseline_main(bootstrap: str, data_dir: str) -> None:
     so the comparison is against the stateless form, the faster of the two."""
     import orjson
 
-    from streams.app import import_faust
+    from streams.faust_compat import import_faust
 
     faust = import_faust()  # the same faust code path as our workers
 

@@ -1,8 +1,8 @@
 """The judge processor: agent events in, judge requests run concurrently, judge events out.
 
-Transport-free: the faust agent (`agent.py`) and the standalone runner (`runner.py`) feed it
-records and publish what it returns. State is two mutable mappings of JSON-able dicts, a faust
-table in the worker (changelog-backed) or a plain dict:
+Transport-free: the judge role (`role.py`, on the one batch shell streams/shell.py) and the
+benchmark feed it records and publish the `BatchResult` it returns. State is two mutable mappings
+of JSON-able dicts, a faust table in the worker (changelog-backed) or a plain dict:
 
 - `state[trajectory_id]`: the rule chosen at `episode.started`, task and domain, the steps kept
   for context / trajectory mode, the steps waiting to fill a step batch, and whether it ended.
@@ -19,15 +19,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 import orjson
 
 from schemas.codec import decode
-from schemas.deadletter import dead_letter
 from schemas.errors import DecodeError
-from schemas.events import DeadLetter, EpisodeEnded, EpisodeStarted, EventBase, StepRecorded, utc_now
+from schemas.events import EpisodeEnded, EpisodeStarted, EventBase, StepRecorded, utc_now
+from schemas.records import Record
+from streams.batch import BatchResult, letter_for
 from streams.judge.budget import SpendBudget
 from streams.judge.cache import ReplyCache, content_key
 from streams.judge.client import JudgeCallError, JudgeClient
@@ -43,6 +44,7 @@ from streams.judge.state import (
     as_int,
     group_member,
     new_record,
+    raw_updates,
     rule_of,
     step_dict,
     step_view,
@@ -53,24 +55,6 @@ log = logging.getLogger(__name__)
 
 NAME = "judge"
 EXPECTED_OUTPUT_TOKENS = 120  # per target, for the budget reservation only
-
-
-@dataclass(frozen=True)
-class SourceRecord:
-    """One consumed record and where it came from (for dead letters)."""
-
-    value: bytes
-    topic: str | None = None
-    partition: int | None = None
-    offset: int | None = None
-    key: bytes | None = None
-
-
-@dataclass
-class ProcessResult:
-    outputs: list[EventBase] = field(default_factory=list)
-    group_members: list[tuple[str, bytes]] = field(default_factory=list)
-    dead_letters: list[DeadLetter] = field(default_factory=list)
 
 
 @dataclass
@@ -110,7 +94,6 @@ class JudgeProcessor:
         self.state = StagedState()
         self.groups = StagedState()
         self.autocommit = True
-        self.lock = asyncio.Lock()  # the faust shell runs one entry point at a time under it
         self.stats = JudgeStats()
         self._inflight: dict[str, asyncio.Future] = {}
         # step mode: trajectories with a part-filled batch -> when its first step arrived (memory
@@ -124,70 +107,72 @@ class JudgeProcessor:
         return cls(config, rules, RubricCatalog.load(config.rubrics_path), JudgeClient(config), **kw)
 
     def bind(self, state: MutableMapping, groups: MutableMapping) -> None:
-        """Use durable mappings (faust tables). The caller then publishes each result and stores
-        `take_updates()` itself, in that order, under `lock`."""
+        """Use durable mappings (faust tables, str keys and dict values). Each result then carries
+        its state writes in `tables` (raw bytes), for the shell to store after publishing; one entry
+        point runs at a time (the shell's lock)."""
         self.state, self.groups = StagedState(state), StagedState(groups)
         self.autocommit = False
 
-    def take_updates(self) -> dict[str, dict]:
-        """State writes of the last entry point (None = deleted), to store after publishing."""
-        return {"state": self.state.take(), "groups": self.groups.take()}
-
-    async def _transaction(self, work) -> ProcessResult:
+    async def _transaction(self, work) -> BatchResult:
         self.state.discard()  # left over from a call that raised: its input will be replayed
         self.groups.discard()
         result = await work
         if self.autocommit:
             self.state.commit()
             self.groups.commit()
+        else:
+            result.tables = {
+                "state": raw_updates(self.state.take()),
+                "groups": raw_updates(self.groups.take()),
+            }
         return result
 
     # --- entry points -----------------------------------------------------------------------------
 
-    async def process_records(self, records: Sequence[SourceRecord]) -> ProcessResult:
+    async def process_records(self, records: Sequence[Record]) -> BatchResult:
         """Decode agent-event records (bad ones become dead letters), then `process_events`."""
         events, letters = [], []
         for record in records:
             try:
-                events.append(decode(record.value))
+                events.append(decode(record.value or b""))
             except DecodeError as exc:
-                letters.append(_letter(record, exc.reason, "DecodeError"))
+                letters.append(letter_for(NAME, record, exc.reason, "DecodeError"))
         result = await self.process_events(events)
-        result.dead_letters.extend(letters)
+        result.dead.extend(letters)
         return result
 
-    async def process_events(self, events: Sequence[EventBase]) -> ProcessResult:
+    async def process_events(self, events: Sequence[EventBase]) -> BatchResult:
         return await self._transaction(self._process_events(events))
 
-    async def process_group_records(self, records: Sequence[SourceRecord]) -> ProcessResult:
+    async def process_group_records(self, records: Sequence[Record]) -> BatchResult:
         """Group members forwarded by `process_events` (keyed by group id)."""
         return await self._transaction(self._process_group_records(records))
 
-    async def flush_stale_steps(self) -> ProcessResult:
+    async def flush_stale_steps(self) -> BatchResult:
         """Step mode: judge part-filled batches that have waited `step_wait_s` (a slow agent's steps
         should not wait for the episode to end)."""
         return await self._transaction(self._flush_stale_steps())
 
-    async def flush_quiet_groups(self) -> ProcessResult:
+    async def flush_quiet_groups(self) -> BatchResult:
         """Judge groups whose expected size is unknown or unreached after `group_wait_s` of quiet."""
         return await self._transaction(self._flush_quiet_groups())
 
-    async def expire_state(self) -> ProcessResult:
+    async def expire_state(self) -> BatchResult:
         """Forget trajectories and groups judged more than `state_ttl_s` ago (bounded state). An
         event for one of them after that is treated as new (a late step in step mode is judged)."""
         return await self._transaction(self._expire_state())
 
-    async def _expire_state(self) -> ProcessResult:
+    async def _expire_state(self) -> BatchResult:
         cutoff = self.wall() - self.config.state_ttl_s
         for mapping in (self.state, self.groups):
             for key in list(mapping.keys()):
                 value = mapping.get(key)
                 if value and value.get("done") and value.get("done_at", cutoff) < cutoff:
                     del mapping[key]
-        return ProcessResult()
+        return BatchResult()
 
-    async def _process_events(self, events: Sequence[EventBase]) -> ProcessResult:
-        result = ProcessResult()
+    async def _process_events(self, events: Sequence[EventBase]) -> BatchResult:
+        result = BatchResult()
         requests: list[JudgeRequest] = []
         for event in events:
             if isinstance(event, EpisodeStarted):
@@ -199,20 +184,19 @@ class JudgeProcessor:
         result.outputs.extend(await self.run_requests(requests))
         return result
 
-    async def _process_group_records(self, records: Sequence[SourceRecord]) -> ProcessResult:
-        result, requests = ProcessResult(), []
+    async def _process_group_records(self, records: Sequence[Record]) -> BatchResult:
+        result, requests = BatchResult(), []
         for record in records:
             try:
                 member = orjson.loads(record.value)
                 requests += self._add_member(member)
             except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-                result.dead_letters.append(
-                    _letter(record, f"bad judge group member: {exc}", type(exc).__name__)
-                )
+                reason = f"bad judge group member: {exc}"
+                result.dead.append(letter_for(NAME, record, reason, type(exc).__name__))
         result.outputs.extend(await self.run_requests(requests))
         return result
 
-    async def _flush_stale_steps(self) -> ProcessResult:
+    async def _flush_stale_steps(self) -> BatchResult:
         requests = []
         now = self.wall()
         for tid, since in list(self.pending_since.items()):
@@ -224,9 +208,9 @@ class JudgeProcessor:
             if rule is not None and rec.get("pending"):
                 requests += self._drain(tid, rec, rule, final=True)
                 self.state[tid] = rec
-        return ProcessResult(outputs=await self.run_requests(requests))
+        return BatchResult(outputs=await self.run_requests(requests))
 
-    async def _flush_quiet_groups(self) -> ProcessResult:
+    async def _flush_quiet_groups(self) -> BatchResult:
         requests = []
         for group_id in list(self.groups.keys()):
             group = self.groups.get(group_id)
@@ -236,11 +220,11 @@ class JudgeProcessor:
                 and self.wall() - group["last_seen"] >= self.config.group_wait_s
             ):
                 requests.append(self._close_group(group_id, group))
-        return ProcessResult(outputs=await self.run_requests(requests))
+        return BatchResult(outputs=await self.run_requests(requests))
 
     # --- state transitions ------------------------------------------------------------------------
 
-    def _on_started(self, started: EpisodeStarted, result: ProcessResult) -> list[JudgeRequest]:
+    def _on_started(self, started: EpisodeStarted, result: BatchResult) -> list[JudgeRequest]:
         rec = self.state.get(started.trajectory_id) or new_record()
         if rec.get("decided"):
             return []  # duplicate episode.started
@@ -291,7 +275,7 @@ class JudgeProcessor:
         self.state[tid] = rec
         return requests
 
-    def _on_ended(self, ended: EpisodeEnded, result: ProcessResult) -> list[JudgeRequest]:
+    def _on_ended(self, ended: EpisodeEnded, result: BatchResult) -> list[JudgeRequest]:
         tid = ended.trajectory_id
         rec = self.state.get(tid) or new_record()
         if (rec.get("decided") and rec.get("rule") is None) or rec.get("ended") is not None:
@@ -302,13 +286,13 @@ class JudgeProcessor:
         self.state[tid] = rec
         return requests
 
-    def _finish(self, tid: str, rec: dict, rule: JudgeRule, result: ProcessResult) -> list[JudgeRequest]:
+    def _finish(self, tid: str, rec: dict, rule: JudgeRule, result: BatchResult) -> list[JudgeRequest]:
         """The trajectory ended (and its rule is known): flush steps, or judge / forward it whole."""
         if rule.mode == "step":
             requests = self._drain(tid, rec, rule, final=True)
         elif rule.mode == "group" and rec.get("group_id"):
             member = group_member(tid, rec, self.config.observation_chars * 2)
-            result.group_members.append((rec["group_id"], orjson.dumps(member)))
+            result.forwards.append((rec["group_id"].encode(), orjson.dumps(member)))
             requests = []
         else:
             requests = [self._trajectory_request(tid, rec, rule)]
@@ -505,16 +489,3 @@ def _log_failures(failed: list) -> None:
             first.step_index,
             first.reason,
         )
-
-
-def _letter(record: SourceRecord, reason: str, error_type: str) -> DeadLetter:
-    return dead_letter(
-        NAME,
-        reason,
-        record.value,
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key=record.key,
-        error_type=error_type,
-    )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, MutableMapping
 
+import orjson
+
 from schemas.events import StepRecorded
 from streams.judge.prompt import StepView, TrajectoryView
 from streams.judge.selection import JudgeRule
@@ -135,3 +137,36 @@ class StagedState(MutableMapping):
 
     def discard(self) -> None:
         self.staged.clear()
+
+
+def raw_updates(updates: dict) -> dict[bytes, bytes | None]:
+    """Staged writes (str keys, dict values, None = deleted) as a table's raw keys and values."""
+    return {key.encode(): None if value is None else orjson.dumps(value) for key, value in updates.items()}
+
+
+class BytesKeyed(MutableMapping):
+    """A str-keyed, dict-valued view of a table store of raw bytes: keys utf-8 (so the changelog
+    key bytes equal the source topic's key bytes, hence the same partition, and recovered keys read
+    back), values orjson."""
+
+    def __init__(self, store: MutableMapping):
+        self.store = store
+
+    def __getitem__(self, key: str):
+        return orjson.loads(self.store[key.encode()])
+
+    def __setitem__(self, key: str, value) -> None:
+        self.store[key.encode()] = orjson.dumps(value)
+
+    def __delitem__(self, key: str) -> None:
+        del self.store[key.encode()]
+
+    def __iter__(self) -> Iterator[str]:
+        return (k.decode() if isinstance(k, bytes) else k for k in list(self.store.keys()))
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def get(self, key: str, default=None):
+        raw = self.store.get(key.encode())
+        return default if raw is None else orjson.loads(raw)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from streams.app import import_faust
+from streams.faust_compat import committed_offsets, import_faust
 from streams.offsets import OffsetContinuity
 
 faust = import_faust()  # the workers' faust code path (see there)
@@ -41,7 +41,7 @@ NEXT_OFFSET = "next-offset"  # the table's own key: the offset after the last on
 @app.agent(words)
 async def count(stream):
     continuity = OffsetContinuity()  # the workers' guard (streams/offsets.py)
-    committed = app.consumer._committed_offset
+    committed = committed_offsets(app)
     async for event in stream.events():
         msg = event.message
         record = (msg.generation_id, msg.topic, msg.partition, msg.offset)

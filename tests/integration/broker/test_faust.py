@@ -5,7 +5,7 @@ changelog topic and resume from the committed offset: the counts continue instea
 at 1, and no event is counted twice.
 
 The worker imports faust as the real workers do, with the fixes for its recovery race
-(streams/faust_fixes.py; without them about one restart in six under load lost the first fetched
+(streams/faust_compat.py; without them about one restart in six under load lost the first fetched
 record). Two faust behaviours are also handled the way the real workers handle them: should a
 record still go missing, the agent exits on the gap before acking anything past it
 (streams/offsets.py) and the next worker resumes from the committed offset; and a record delivered

@@ -18,7 +18,7 @@ from clients.kafka import ensure_topics
 from schemas import topics
 from schemas.codec import encode
 from schemas.events import EpisodeStarted, RuleRewardStep, StepRecorded, TrajectoryScored
-from streams.assembler import Assembly, Calibrations
+from streams.assembler.assembly import Assembly, Calibrations
 from streams.rules.profiles import ProfileRegistry
 from streams.rules.rewards import StepInput, score_steps
 from tests.support.processes import Proc, wait_for

@@ -114,9 +114,10 @@ def test_assembler_totals_change_with_a_published_calibration_map():
     streams assembler: a trajectory assembled after it has a calibrated judge layer, a different
     total and the map's version in `calibration_version`."""
     from schemas.events import EpisodeEnded, EpisodeStarted, JudgeTrajectory, RuleRewardStep, StepRecorded
+    from schemas.records import Record
     from schemas.topics import topic_for
+    from streams.assembler.processor import TrajectoryAssembler
     from streams.judge.calibration import calibration_event
-    from streams.processors import Record, TrajectoryAssembler
     from streams.rules.profiles import ProfileRegistry
 
     t0 = "2026-11-21T10:00:00Z"

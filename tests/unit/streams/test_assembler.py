@@ -12,7 +12,7 @@ from schemas.events import (
     FeedbackAnnotation,
     JudgeFailed,
 )
-from streams.assembler import Assembly, Calibrations, total_reward
+from streams.assembler.assembly import Assembly, Calibrations, total_reward
 from streams.rules.profiles import CODING
 from tests.support.streams_events import REG, T0, judge_steps, trajectory
 

@@ -7,8 +7,10 @@ import pytest
 
 from schemas import topics
 from schemas.codec import encode
+from schemas.records import Record
+from streams.assembler.processor import TrajectoryAssembler
 from streams.config import WorkerConfig, WorkerConfigError
-from streams.processors import Record, RuleRewarder, TrajectoryAssembler
+from streams.rules.processor import RuleRewarder
 from streams.rules.profiles import ProfileRegistry
 from tests.support.streams_events import T0, judge_steps, trajectory
 

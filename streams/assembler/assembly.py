@@ -3,7 +3,8 @@
 Joins `episode.started`, `step.recorded`, `episode.ended`, `reward.rule.step`, judge events
 (`reward.judge.step`, `reward.judge.trajectory`, `reward.judge.failed`) and human
 `feedback.annotation`s of one trajectory, in any arrival order, into `trajectory.scored`. No I/O:
-the faust agent (streams/agents.py) feeds events in and sends what `decide` returns.
+the assembler's batch logic (streams/assembler/processor.py) feeds events in and sends what
+`decide` returns.
 
 When it emits (`Assembly.decide(now, grace_s)`):
 - complete: the episode started and ended, every step 0..N-1 arrived (N = `episode.ended.total_steps`,
@@ -376,24 +377,15 @@ def _human_by_step(human: dict[str, dict[str, Any]]) -> dict[int | None, float]:
     return {k: round(sum(v) / len(v), 6) for k, v in groups.items()}
 
 
-def score_trajectory(
-    a: Assembly,
-    trajectory_id: str,
-    profiles: ProfileRegistry,
-    calibrations: Calibrations,
-    missing: list[str] | None = None,
-) -> TrajectoryScored:
-    """The trajectory's content (event_id and revision are filled in by `Assembly.decide`)."""
-    started = a.started or {}
-    domain = started.get("domain") or "generic"
-    profile = profiles.get(domain)
+def _scored_steps(
+    a: Assembly, domain: str, profile: DomainProfile, calibrations: Calibrations, versions: set[str]
+):
+    """Every step with its layers' scores and its process score (weighted mean of the layers)."""
     layers = profile.layers()
-    versions: set[str] = set()
     traj_judge, _ = judge_layer(a.judge_trajectory, domain, calibrations, versions)
     human = _human_by_step(a.human)
     steps = []
     for index in sorted(set(a.steps) | set(a.rules)):
-        raw = a.steps.get(index, {})
         rule = a.rules.get(index, {})
         judge, judge_scores = judge_layer(a.judge_steps.get(index), domain, calibrations, versions)
         judge = judge if judge is not None else traj_judge
@@ -408,7 +400,7 @@ def score_trajectory(
         steps.append(
             ScoredStep(
                 step_index=index,
-                **raw,
+                **a.steps.get(index, {}),
                 rule_score=rule.get("score"),
                 redundancy=rule.get("redundancy"),
                 regression=rule.get("regression"),
@@ -419,6 +411,22 @@ def score_trajectory(
                 process_score=process,
             )
         )
+    return steps
+
+
+def score_trajectory(
+    a: Assembly,
+    trajectory_id: str,
+    profiles: ProfileRegistry,
+    calibrations: Calibrations,
+    missing: list[str] | None = None,
+) -> TrajectoryScored:
+    """The trajectory's content (event_id and revision are filled in by `Assembly.decide`)."""
+    started = a.started or {}
+    domain = started.get("domain") or "generic"
+    profile = profiles.get(domain)
+    versions: set[str] = set()
+    steps = _scored_steps(a, domain, profile, calibrations, versions)
     n = a.expected_steps()
     present = [s.process_score for s in steps if s.process_score is not None]
     process = round(sum(present) / len(present), 6) if present else None

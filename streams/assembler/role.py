@@ -1,0 +1,77 @@
+"""The assembler role in faust: every layer's events in, trajectory.scored out, through the one
+batch shell; a timer emits what the grace period allows.
+
+Every role folder has the same files: `processor.py` (pure batch logic, no faust) and `role.py`
+(`register(app, config)`: its tables, agents and timers on the shell, streams/shell.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from streams import faust_compat
+from streams.assembler.processor import TrajectoryAssembler
+from streams.config import WorkerConfig
+from streams.rules.profiles import ProfileRegistry
+from streams.shell import BatchShell
+
+log = logging.getLogger(__name__)
+
+
+def register(app, config: WorkerConfig) -> TrajectoryAssembler:
+    """Add the `assembler` agent and its grace timer to `app`; returns its processor."""
+    profiles = ProfileRegistry.from_file(config.profiles_path)
+    processor = TrajectoryAssembler(profiles, config.grace_seconds, judge_mode=judge_mode_function(config))
+    shell = BatchShell(app, processor.name, config.partitions)
+    get_state, restored = shell.get(), _Restored(processor, shell)
+
+    def process(records):
+        restored.track()
+        return processor.process(records, get_state)
+
+    def expire():
+        restored.track()
+        result = processor.expire(get_state)
+        if result.outputs:
+            log.info("%s: grace period over for %d trajectories", processor.name, len(result.outputs))
+        return result
+
+    @app.agent(shell.source(*processor.sources), name=processor.name)
+    async def assembler(stream):
+        await shell.consume(stream, config.batch_max, config.batch_within_s, process)
+
+    @app.timer(config.timer_interval_s, name=f"{processor.name}-grace")
+    async def grace():
+        if faust_compat.recovery_completed(app):
+            await shell.tick(expire)
+
+    return processor
+
+
+class _Restored:
+    """Once, before the first batch or tick after recovery: grace periods of restored trajectories
+    start now, and the ones that may still emit (and the calibration maps) are loaded."""
+
+    def __init__(self, processor: TrajectoryAssembler, shell: BatchShell):
+        self.processor, self.shell, self.done = processor, shell, False
+
+    def track(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.processor.started_at = self.processor.clock()
+        count = self.processor.track_restored(list(self.shell.store().items()))
+        log.info("%s: %d restored trajectories may still emit", self.processor.name, count)
+
+
+def judge_mode_function(config: WorkerConfig):
+    """`started -> judge mode or None`: whether the judge is expected to score a trajectory.
+
+    Uses `streams.judge.selection.JudgeRules` with `config.judge_rules_path`; no rules means the
+    judge is never expected (the assembler then waits only for rule rewards)."""
+    from streams.judge.selection import JudgeRules
+
+    rules = JudgeRules.load(config.judge_rules_path)
+    if not rules.rules:
+        return lambda started: None
+    return rules.mode_for

@@ -1,0 +1,90 @@
+"""What every role's pure batch logic returns, and the decoding every role shares: no faust, no I/O.
+
+A role's processor turns consumed records (`schemas.records.Record`) into a `BatchResult`; the one
+batch shell (streams/shell.py) publishes it, in this order: outputs, forwards and dead letters
+(each acknowledged), then the state updates (changelog acknowledged, then the local store); only
+then are the batch's offsets committed. A replay after a crash therefore reproduces the same
+outputs (deterministic event ids), which every consumer drops by `event_id`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.codec import decode
+from schemas.deadletter import dead_letter
+from schemas.errors import DecodeError
+from schemas.events import DeadLetter, EventBase
+from schemas.records import Record
+
+log = logging.getLogger(__name__)
+
+STATE = "state"  # the table every role has: per-trajectory state
+
+StateGetter = Callable[[bytes], bytes | None]
+
+
+@dataclass
+class BatchResult:
+    """What one batch (or one timer tick) of a role produced.
+
+    - `outputs`: events, each sent to its type's topic keyed by trajectory id.
+    - `forwards`: (key, value) records for the role's own internal topic (re-keying, e.g. the
+      judge's group members by group id).
+    - `dead`: dead letters for the DLQ, with their source coordinates.
+    - `tables`: table name -> {key: new raw state, or None to delete}; `updates` is the `state`
+      table's.
+    """
+
+    outputs: list[EventBase] = field(default_factory=list)
+    forwards: list[tuple[bytes, bytes]] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+    tables: dict[str, dict[bytes, bytes | None]] = field(default_factory=dict)
+
+    @property
+    def updates(self) -> dict[bytes, bytes | None]:
+        """The `state` table's updates (created on first use)."""
+        return self.tables.setdefault(STATE, {})
+
+
+def decode_records(
+    stage: str, records: Iterable[Record], accepted: Mapping[str, set[str]], result: BatchResult
+) -> Iterator[tuple[Record, EventBase]]:
+    """Decode records; those that cannot be used become dead letters. Yields (record, event)."""
+    for record in records:
+        try:
+            event = decode(record.value if record.value is not None else b"")
+        except DecodeError as exc:
+            result.dead.append(letter_for(stage, record, str(exc), "DecodeError"))
+            continue
+        if event.type not in accepted.get(record.topic, set()):
+            reason = f"type: {event.type!r} is not expected on topic {record.topic!r} by {stage}"
+            result.dead.append(letter_for(stage, record, reason, "UnexpectedType"))
+            continue
+        yield record, event
+
+
+def letter_for(stage: str, record: Record, reason: str, error_type: str) -> DeadLetter:
+    """A dead letter for `record`, naming its coordinates (logged as one line)."""
+    log.warning("%s: dead letter from %s: %s", stage, record.describe(), reason)
+    return dead_letter(
+        stage,
+        reason,
+        record.value,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key,
+        error_type=error_type,
+    )
+
+
+def by_trajectory(pairs: Iterable[tuple[Record, Any]]) -> dict[str, list[tuple[Record, Any]]]:
+    """(record, event) pairs grouped by the event's trajectory id, in arrival order."""
+    groups: dict[str, list[tuple[Record, Any]]] = {}
+    for record, event in pairs:
+        groups.setdefault(event.trajectory_id, []).append((record, event))
+    return groups

@@ -1,0 +1,80 @@
+"""The rule-reward role's batch logic: agent.events records in, `reward.rule.step` events and state
+updates out (see streams/rules/stream.py for the per-trajectory state machine). No faust, no I/O.
+
+The role's stable name `rules` is its faust app id / consumer group (`agentstream-rules`), its
+table (`agentstream-rules-state-changelog`), its log lines and its dead letters' `stage`.
+
+State lives in a faust table with a changelog (not rebuilt by replaying the input topics) because a
+restart then costs a read of one compacted-size record per open trajectory instead of re-reading
+every step ever published; the table is written once per trajectory per batch, not per event.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from schemas import topics
+from schemas.events import EpisodeStarted, StepRecorded
+from schemas.records import Record
+from streams.batch import BatchResult, StateGetter, by_trajectory, decode_records, letter_for
+from streams.rules.profiles import ProfileRegistry
+from streams.rules.rewards import REWARD_VERSION
+from streams.rules.stream import TrajectoryRules
+
+
+class RuleRewarder:
+    """agent.events -> reward.rule: one `reward.rule.step` per step (see streams/rules/stream.py)."""
+
+    name = "rules"
+    sources = (topics.AGENT_EVENTS,)
+    accepted = {topics.AGENT_EVENTS: {"episode.started", "step.recorded", "episode.ended"}}
+
+    def __init__(
+        self, profiles: ProfileRegistry, reward_version: str = REWARD_VERSION, cache_size: int = 100_000
+    ):
+        self.profiles = profiles
+        self.reward_version = reward_version
+        # Decoded states of recently seen trajectories: the table holds the same as bytes. The shell
+        # clears it when a batch fails, so it never runs ahead of the table.
+        self.cache: dict[bytes, TrajectoryRules] = {}
+        self.cache_size = cache_size
+
+    def _state(self, key: bytes, get_state: StateGetter) -> TrajectoryRules:
+        state = self.cache.pop(key, None)
+        if state is None:
+            raw = get_state(key)
+            state = TrajectoryRules.from_dict(orjson.loads(raw)) if raw else TrajectoryRules()
+        self.cache[key] = state  # re-inserted: the dict's order is least recently used first
+        if len(self.cache) > self.cache_size:
+            del self.cache[next(iter(self.cache))]
+        return state
+
+    def process(self, records: list[Record], get_state: StateGetter) -> BatchResult:
+        result = BatchResult()
+        for tid, items in by_trajectory(decode_records(self.name, records, self.accepted, result)).items():
+            key = tid.encode()
+            state = self._state(key, get_state)
+            changed = self._fold(state, items, result)
+            result.outputs += state.advance(tid, self.profiles, self.reward_version)
+            changed = changed or bool(result.outputs)
+            for event, reason in state.conflicts:
+                rec = next(r for r, e in items if e is event)
+                result.dead.append(letter_for(self.name, rec, reason, "ConflictingStep"))
+            state.conflicts.clear()
+            if changed:
+                result.updates[key] = orjson.dumps(state.to_dict())
+        return result
+
+    def _fold(self, state: TrajectoryRules, items, result: BatchResult) -> bool:
+        changed = False
+        for _rec, event in items:
+            if isinstance(event, EpisodeStarted):
+                changed |= state.domain is None
+                state.on_started(event)
+            elif isinstance(event, StepRecorded):
+                repeat = state.on_step(event, self.reward_version)
+                if repeat is not None:
+                    result.outputs.append(repeat)
+                else:
+                    changed = True
+        return changed

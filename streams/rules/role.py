@@ -1,0 +1,27 @@
+"""The rule-reward role in faust: agent.events -> reward.rule, through the one batch shell.
+
+Every role folder has the same files: `processor.py` (pure batch logic, no faust) and `role.py`
+(`register(app, config)`: its tables, agents and timers on the shell, streams/shell.py).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from streams.config import WorkerConfig
+from streams.rules.processor import RuleRewarder
+from streams.rules.profiles import ProfileRegistry
+from streams.shell import BatchShell
+
+
+def register(app, config: WorkerConfig) -> RuleRewarder:
+    """Add the `rules` agent to `app`; returns its processor."""
+    processor = RuleRewarder(ProfileRegistry.from_file(config.profiles_path), config.reward_version)
+    shell = BatchShell(app, processor.name, config.partitions)
+    process = partial(processor.process, get_state=shell.get())
+
+    @app.agent(shell.source(*processor.sources), name=processor.name)
+    async def rules(stream):
+        await shell.consume(stream, config.batch_max, config.batch_within_s, process)
+
+    return processor
