@@ -9,6 +9,7 @@ import orjson
 
 from schemas.events import DeadLetter, utc_now
 from schemas.ids import derived_event_id
+from schemas.records import Record
 
 
 def dead_letter(
@@ -42,6 +43,20 @@ def dead_letter(
         source_key=key_text,
         payload=text,
         payload_encoding=encoding,
+    )
+
+
+def record_dead_letter(stage: str, record: Record, reason: str, error_type: str = "") -> DeadLetter:
+    """`dead_letter` for a consumed `Record`, with its coordinates and key."""
+    return dead_letter(
+        stage,
+        reason,
+        record.value,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key,
+        error_type=error_type,
     )
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.codec import decode
-from schemas.deadletter import dead_letter
+from schemas.deadletter import record_dead_letter
 from schemas.errors import DecodeError
 from schemas.events import DeadLetter, EventBase
 from schemas.records import Record
@@ -70,16 +70,7 @@ def decode_records(
 def letter_for(stage: str, record: Record, reason: str, error_type: str) -> DeadLetter:
     """A dead letter for `record`, naming its coordinates (logged as one line)."""
     log.warning("%s: dead letter from %s: %s", stage, record.describe(), reason)
-    return dead_letter(
-        stage,
-        reason,
-        record.value,
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key=record.key,
-        error_type=error_type,
-    )
+    return record_dead_letter(stage, record, reason, error_type)
 
 
 def by_trajectory(pairs: Iterable[tuple[Record, Any]]) -> dict[str, list[tuple[Record, Any]]]:

@@ -24,7 +24,7 @@ from consumers.errors import ConsumerConfigError
 from consumers.sink.clickhouse import ClickHouseSink
 from consumers.sink.rows import dead_letter_row, rows_for
 from schemas.codec import decode, encode, encode_key
-from schemas.deadletter import dead_letter
+from schemas.deadletter import record_dead_letter
 from schemas.errors import DecodeError
 from schemas.events import DeadLetter
 from schemas.records import Record
@@ -228,16 +228,7 @@ class SinkWorker:
 
 
 def _dead_letter(source: Record, reason: str, error_type: str) -> DeadLetter:
-    letter = dead_letter(
-        STAGE,
-        reason,
-        source.value,
-        topic=source.topic,
-        partition=source.partition,
-        offset=source.offset,
-        key=source.key,
-        error_type=error_type,
-    )
+    letter = record_dead_letter(STAGE, source, reason, error_type)
     if source.timestamp_ms is None or source.timestamp_ms < 0:
         return letter
     # Stamped with the source record's time, so a replay re-creates the identical dead letter.

@@ -27,7 +27,7 @@ from consumers.trainer.config import TrainerConsumerConfig
 from consumers.trainer.planner import PlannedBatch, Planner
 from schemas import topics
 from schemas.codec import decode, encode
-from schemas.deadletter import dead_letter
+from schemas.deadletter import record_dead_letter
 from schemas.errors import DecodeError
 from schemas.events import BatchBuilt, PolicyUpdated, TrajectoryScored
 from schemas.records import Record
@@ -174,10 +174,8 @@ class TrainerConsumer:
 
     def _dead_letter(self, reason: str, error_type: str, topic: str, partition: int, record) -> None:
         log.warning("trainer: dead-lettering %s[%d]@%d: %s", topic, partition, record.offset, reason)
-        letter = dead_letter(
-            STAGE, reason, record.value, topic=topic, partition=partition, offset=record.offset,
-            key=record.key, error_type=error_type,
-        )  # fmt: skip
+        source = Record(topic, partition, record.offset, record.key, record.value)
+        letter = record_dead_letter(STAGE, source, reason, error_type)
         self.publish(letter, topics.DLQ)
 
     def flush(self, now: float, force: bool = False) -> list[BatchBuilt]:

@@ -34,3 +34,16 @@ def test_binary_payload_is_kept_as_base64_and_id_is_stable():
     assert base64.b64decode(first.payload) == payload
     assert first.trajectory_id == "unknown"
     assert first.event_id == again.event_id
+
+
+def test_a_records_dead_letter_names_its_coordinates_and_key():
+    from schemas.deadletter import record_dead_letter
+    from schemas.records import Record
+
+    record = Record("agent.events", 2, 41, b"t-1", b"{not json")
+    letter = record_dead_letter("rules", record, "not valid JSON", "DecodeError")
+    assert (letter.source_topic, letter.source_partition, letter.source_offset) == ("agent.events", 2, 41)
+    assert (letter.source_key, letter.trajectory_id, letter.error_type) == ("t-1", "t-1", "DecodeError")
+    assert letter == record_dead_letter("rules", record, "not valid JSON", "DecodeError").model_copy(
+        update={"occurred_at": letter.occurred_at}
+    )
