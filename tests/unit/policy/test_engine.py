@@ -1,0 +1,270 @@
+"""The policy engine on the tiny local model (CPU): stored logprobs are what a fresh forward pass
+gives, seeds reproduce, sampling filters behave, adapters load (checkpoint or adapter dir), and a
+bad base or adapter is a one-line EngineError that leaves a serving engine as it was."""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+
+import pytest
+
+from producers.policy.engine import EngineError, LocalEngine, SamplingParams, filter_logits
+
+TOL = 1e-4
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        },
+    }
+]
+CONVERSATION = [
+    {"role": "system", "content": "You are an agent."},
+    {"role": "user", "content": "List the files."},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"cmd": "ls"}}}],
+    },
+    {"role": "tool", "content": "main.py\ntest_main.py"},
+    {"role": "user", "content": "Now run the tests."},
+]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    from consumers.trainer.tiny import tiny_model_dir
+
+    return tiny_model_dir(tmp_path_factory.mktemp("policy-tiny"))
+
+
+@pytest.fixture(scope="module")
+def engine(base):
+    return LocalEngine(base, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def prompt(engine):
+    return engine.render([{"role": "user", "content": "Solve the task."}])
+
+
+def _lora(base, target, hidden_size=None, scale=0.2):
+    """A LoRA adapter (r=4 on q/v) with perturbed weights saved to `target`; another base shape
+    when `hidden_size` is given."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from consumers.trainer.tiny import build_model
+
+    if hidden_size is None:
+        model = AutoModelForCausalLM.from_pretrained(base)
+    else:
+        model = build_model(AutoTokenizer.from_pretrained(base), hidden_size=hidden_size)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.add_(torch.randn(param.shape, generator=generator) * scale)
+    peft_model.save_pretrained(target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def checkpoint(base, tmp_path_factory):
+    """A trainer-style checkpoint dir: `<ckpt>/adapter/` holds the adapter."""
+    ckpt = tmp_path_factory.mktemp("ckpt") / "v1"
+    _lora(base, ckpt / "adapter")
+    return ckpt
+
+
+def _assert_logprobs_are_scores(engine, prompt_ids, samples):
+    for sample in samples:
+        assert len(sample.logprobs) == len(sample.token_ids) > 0
+        scored = engine.score(prompt_ids, sample.token_ids)
+        assert scored == pytest.approx(sample.logprobs, abs=TOL)
+
+
+# --- logprobs ---------------------------------------------------------------------------------------
+
+
+def test_sampled_and_greedy_logprobs_equal_a_fresh_forward_pass(engine, prompt):
+    sampled = engine.generate(prompt, SamplingParams(temperature=1.0, seed=1, max_tokens=24, n=3))
+    greedy = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=24))
+    _assert_logprobs_are_scores(engine, prompt, sampled + greedy)
+
+
+def test_logprobs_are_raw_whatever_the_temperature_and_filters(engine, prompt):
+    params = SamplingParams(temperature=0.3, top_k=5, top_p=0.8, seed=2, max_tokens=16, n=2)
+    _assert_logprobs_are_scores(engine, prompt, engine.generate(prompt, params))
+
+
+def test_tool_conversation_renders_and_its_logprobs_equal_scores(engine):
+    prompt_ids = engine.render(CONVERSATION, TOOLS)
+    assert all(type(i) is int for i in prompt_ids)
+    text = engine.tokenizer.decode(prompt_ids)
+    assert '"name": "bash"' in text and "test_main.py" in text and "# Tools" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    samples = engine.generate(prompt_ids, SamplingParams(seed=3, max_tokens=20, n=2))
+    _assert_logprobs_are_scores(engine, prompt_ids, samples)
+
+
+def test_rows_that_stop_early_leave_the_batch_without_shifting_the_others(base, prompt):
+    """Stop on the tokens sampled most often, so rows of one batch end at different steps."""
+    engine = LocalEngine(base, device="cpu")
+    params = SamplingParams(seed=4, max_tokens=24, n=8)
+    free = [t for s in engine.generate(prompt, params) for t in s.token_ids]
+    engine.stop_ids = sorted(set(free), key=free.count)[-3:]
+    samples = engine.generate(prompt, params)
+    lengths = {len(s.token_ids) for s in samples}
+    assert len(lengths) > 1, lengths
+    for sample in samples:
+        *body, last = sample.token_ids
+        assert not set(body) & set(engine.stop_ids)
+        expected = "stop" if last in engine.stop_ids else "length"
+        assert sample.finish_reason == expected
+        assert expected == "stop" or len(sample.token_ids) == params.max_tokens
+    _assert_logprobs_are_scores(engine, prompt, samples)
+
+
+# --- sampling ---------------------------------------------------------------------------------------
+
+
+def test_same_seed_same_samples_and_n_samples(engine, prompt):
+    params = SamplingParams(seed=11, max_tokens=12, n=3)
+    first, again = engine.generate(prompt, params), engine.generate(prompt, params)
+    assert first == again and len(first) == 3
+    assert all(len(s.logprobs) == len(s.token_ids) for s in first)
+    other = engine.generate(prompt, SamplingParams(seed=12, max_tokens=12, n=3))
+    assert [s.token_ids for s in other] != [s.token_ids for s in first]
+
+
+def test_max_tokens_is_respected_with_finish_reason_length(engine, prompt):
+    samples = engine.generate(prompt, SamplingParams(seed=5, max_tokens=5, n=4))
+    assert [len(s.token_ids) for s in samples] == [5] * 4
+    assert {s.finish_reason for s in samples} == {"length"}
+    assert samples[0].text == engine.decode(samples[0].token_ids)
+
+
+def test_greedy_is_the_argmax_of_a_fresh_forward_pass(base, engine, prompt):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    greedy = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=16, n=2))
+    assert greedy[0].token_ids == greedy[1].token_ids
+    model = AutoModelForCausalLM.from_pretrained(base).eval()
+    ids = [*prompt, *greedy[0].token_ids]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0]
+    argmax = logits[len(prompt) - 1 : len(ids) - 1].argmax(-1).tolist()
+    assert greedy[0].token_ids == argmax
+
+
+def test_top_k_1_and_a_tiny_top_p_are_greedy(engine, prompt):
+    greedy = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=16))[0].token_ids
+    top_k = engine.generate(prompt, SamplingParams(top_k=1, seed=6, max_tokens=16, n=2))
+    top_p = engine.generate(prompt, SamplingParams(top_p=1e-6, seed=6, max_tokens=16))
+    assert [s.token_ids for s in top_k + top_p] == [greedy] * 3
+
+
+def test_filter_logits_keeps_top_k_then_the_nucleus():
+    import torch
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = lambda **kw: torch.isfinite(filter_logits(logits, SamplingParams(**kw)))[0].tolist()  # noqa: E731
+    assert kept(top_k=2) == [True, True, False, False]
+    assert kept(top_p=0.5) == [True, False, False, False]
+    assert kept(top_p=0.6) == [True, True, False, False]
+    assert kept(top_p=0.9, top_k=2) == [True, True, False, False]
+    scaled = filter_logits(logits, SamplingParams(temperature=0.5))
+    assert torch.allclose(scaled, logits * 2)
+
+
+def test_sampling_params_name_the_bad_field():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    assert SamplingParams(seed=3).as_dict()["seed"] == 3
+
+
+def test_tokenizer_hash_names_tokenizer_and_template(base, engine, tmp_path):
+    assert engine.model_name == "tiny" and engine.version == "base"
+    assert len(engine.tokenizer_hash) == 16 and engine.tokenizer_hash == LocalEngine(base).tokenizer_hash
+    other = shutil.copytree(base, tmp_path / "tiny")
+    template = other / "chat_template.jinja"
+    template.write_text(template.read_text() + "\n")
+    assert LocalEngine(other).tokenizer_hash != engine.tokenizer_hash
+
+
+# --- adapters ---------------------------------------------------------------------------------------
+
+
+def test_adapter_from_a_checkpoint_or_its_adapter_dir(base, engine, prompt, checkpoint):
+    from_ckpt = LocalEngine(base, adapter=checkpoint, version="v1", device="cpu")
+    from_dir = LocalEngine(base, adapter=checkpoint / "adapter", version="v1", device="cpu")
+    samples = from_ckpt.generate(prompt, SamplingParams(seed=8, max_tokens=16, n=2))
+    _assert_logprobs_are_scores(from_ckpt, prompt, samples)
+    tokens = samples[0].token_ids
+    adapted = from_ckpt.score(prompt, tokens)
+    assert from_dir.score(prompt, tokens) == pytest.approx(adapted, abs=TOL)
+    assert max(abs(a - b) for a, b in zip(adapted, engine.score(prompt, tokens), strict=True)) > 1e-2
+    assert from_ckpt.version == "v1"
+
+
+def test_with_adapter_shares_the_base_and_leaves_the_old_engine_as_it_was(base, prompt, checkpoint):
+    old = LocalEngine(base, device="cpu")
+    params = SamplingParams(seed=9, max_tokens=16)
+    before = old.generate(prompt, params)
+    new = old.with_adapter(checkpoint, "v1")
+    assert new.version == "v1" and old.version == "base"
+    assert new._shared is old._shared  # one copy of the base weights
+    reference = LocalEngine(base, adapter=checkpoint, device="cpu")
+    tokens = before[0].token_ids
+    assert new.score(prompt, tokens) == pytest.approx(reference.score(prompt, tokens), abs=TOL)
+    assert old.generate(prompt, params) == before  # the adapter is off for the base engine
+    _assert_logprobs_are_scores(new, prompt, new.generate(prompt, params))
+    del new
+    gc.collect()
+    assert old.generate(prompt, params) == before
+    assert not hasattr(old._shared.model, "peft_config")  # the dropped adapter was unloaded
+
+
+def test_missing_base_is_an_engine_error_naming_the_path(tmp_path):
+    with pytest.raises(EngineError, match=f"base model {tmp_path / 'nope'}: no such directory"):
+        LocalEngine(tmp_path / "nope")
+    with pytest.raises(EngineError, match=f"base model {tmp_path}: no config.json"):
+        LocalEngine(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(EngineError, match=f"base model {tmp_path}: cannot load"):
+        LocalEngine(tmp_path)
+
+
+def test_bad_adapters_raise_and_the_engine_keeps_serving(base, prompt, checkpoint, tmp_path):
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "adapter_config.json").write_text("{garbage")
+    other_base = _lora(base, tmp_path / "other-shape", hidden_size=32)
+    missing = tmp_path / "missing"
+    with pytest.raises(EngineError, match=f"adapter {garbage}: cannot load"):
+        LocalEngine(base, adapter=garbage)
+    with pytest.raises(EngineError, match=f"adapter {missing}: no adapter_config.json"):
+        LocalEngine(base, adapter=missing)
+    old = LocalEngine(base, device="cpu")
+    params = SamplingParams(seed=10, max_tokens=12, n=2)
+    before = old.generate(prompt, params)
+    for bad in (garbage, missing, other_base):  # other_base fails after injection: it is rolled back
+        with pytest.raises(EngineError, match=f"adapter {bad}"):
+            old.with_adapter(bad, "v2")
+        assert old.generate(prompt, params) == before
+    assert json.loads((checkpoint / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    new = old.with_adapter(checkpoint, "v2")
+    _assert_logprobs_are_scores(new, prompt, new.generate(prompt, params))
+    assert old.generate(prompt, params) == before
