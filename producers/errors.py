@@ -1,4 +1,5 @@
-"""Exceptions of the `producers` package: the SDK, the spool, delivery, the gateway and the adapters.
+"""Exceptions of the `producers` package: the SDK, the spool, delivery, the gateway, the adapters
+and the policy server.
 
 `ProducerError` is the root (itself an `AgentstreamError`, which the CLI prints as one line):
 
@@ -11,7 +12,11 @@
         │   └── SpoolLocked         another process owns the spool slot
         ├── DeliveryFailed          a chunk was not acknowledged in time (it stays spooled)
         ├── RequestRejected         a gateway request answered with a 4xx (its JSON body attached)
-        └── AdapterError            an agent log that cannot be converted (`agentstream ingest`)
+        ├── AdapterError            an agent log that cannot be converted (`agentstream ingest`)
+        ├── EngineError             the policy server cannot load a base model or an adapter
+        │                           (producers.policy.engine)
+        └── ApiError                a policy server request answered with an OpenAI-style error
+                                    (producers.policy.requests)
 
 Messages name the field and the value received.
 """

@@ -61,9 +61,7 @@ class GatewayConfig:
                 "AGENTSTREAM_GATEWAY_API_KEY_HASHES, comma-separated sha256 hex); refusing to accept "
                 "anonymous events (pass --allow-anonymous to do so on purpose)"
             )
-        for digest in self.api_key_hashes:
-            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise ProducerError(f"api_key_hashes: expected sha256 hex digests, got {digest[:12]!r}...")
+        check_key_hashes(self.api_key_hashes)
         if self.client not in ("aiokafka", "kafka-python"):
             raise ProducerError(f"client: expected 'aiokafka' or 'kafka-python', got {self.client!r}")
 
@@ -88,6 +86,13 @@ def parse_key_hashes(text: str | Iterable[str] | None) -> frozenset[str]:
     """
     parts = (text or "").split(",") if isinstance(text, str | None) else text
     return frozenset(part.strip().lower() for part in parts if part.strip())
+
+
+def check_key_hashes(hashes: frozenset[str]) -> None:
+    """Raise ProducerError naming the first value that is not a sha256 hex digest."""
+    for digest in hashes:
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ProducerError(f"api_key_hashes: expected sha256 hex digests, got {digest[:12]!r}...")
 
 
 def key_allowed(presented: str | None, hashes: frozenset[str]) -> bool:

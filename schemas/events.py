@@ -80,6 +80,37 @@ class StepRecorded(EventBase):
     token_ids: list[int] | None = Field(None, description="sampled token ids, for on-policy RL")
     logprobs: list[float] | None = Field(None, description="logprobs of token_ids, same length")
     reward: float | None = Field(None, description="environment reward for this step (Gymnasium-style envs)")
+    # Recorded by the policy server (token-in/token-out); absent for steps recorded elsewhere.
+    prompt_token_ids: list[int] | None = Field(
+        None,
+        description="the prompt's token ids as a delta: the tokens from prompt_delta_start on "
+        "(the whole prompt on an episode's first turn)",
+    )
+    prompt_delta_start: NonNegInt | None = Field(
+        None,
+        description="where the delta starts in the previous turn's prompt + completion tokens: the "
+        "prompt the model saw is that context[:prompt_delta_start] + prompt_token_ids",
+    )
+    sampling: JsonDict | None = Field(None, description="sampling parameters of the completion")
+    tokenizer_hash: str | None = Field(None, description="hash of the tokenizer and chat template")
+    token_continuity: Literal["first", "ok", "broken"] | None = Field(
+        None,
+        description="first: no previous turn known; ok: the prompt extends the previous prompt + "
+        "completion token for token; broken: it does not (history re-rendered), see token_continuity_break",
+    )
+    token_continuity_break: NonNegInt | None = Field(
+        None, description="first position where the prompt differs from the previous context"
+    )
+    token_rl_eligible: bool | None = Field(
+        None, description="false when the token history is broken: fine for SFT, not for token-level RL"
+    )
+    finish_reason: str | None = Field(None, description="stop | length | tool_calls")
+    tool_call_malformed: bool | None = Field(
+        None, description="the model wrote a tool call that could not be parsed; returned as text"
+    )
+    samples: list[JsonDict] | None = Field(
+        None, description="n > 1: the other samples ({token_ids, logprobs, finish_reason, text})"
+    )
 
 
 class EpisodeEnded(EventBase):

@@ -23,6 +23,7 @@ from infra.commands import (
     clickhouse,
     ingest,
     judge,
+    policy,
     producers,
     schema,
     sink,
@@ -32,7 +33,20 @@ from infra.commands import (
 )
 from schemas.errors import AgentstreamError
 
-COMMAND_MODULES = (schema, broker, clickhouse, bench, stack, producers, ingest, worker, judge, sink, trainer)
+COMMAND_MODULES = (
+    schema,
+    broker,
+    clickhouse,
+    bench,
+    stack,
+    producers,
+    ingest,
+    worker,
+    judge,
+    sink,
+    trainer,
+    policy,
+)
 
 # Client libraries that narrate every connection at INFO; they speak up at WARNING unless asked (DEBUG).
 _CHATTY_LOGGERS = ("kafka", "aiokafka", "faust", "mode", "urllib3", "httpx", "chdb")

@@ -1,0 +1,181 @@
+"""The policy service: the engine serving now, the episodes' token contexts, and the recorder.
+
+`complete(request, trajectory_id)` runs one chat completion (in a worker thread): it takes the
+engine serving at that moment (so one response never mixes versions, even while a reload swaps
+the engine), builds the prompt token-in (producers/policy/turns.py), samples, parses tool calls,
+records the step through the SDK's no-loss delivery (spooled when the broker is down) and returns
+the OpenAI response body with its `policy_version`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from producers.policy.requests import ChatRequest
+from producers.policy.tool_calls import ParsedCompletion, parse
+from producers.policy.turns import Episodes, Prompt, build_prompt
+from schemas.events import StepRecorded, utc_now
+from schemas.ids import new_event_id
+
+log = logging.getLogger(__name__)
+
+PRODUCER = "policy-server"
+
+
+@dataclass(frozen=True)
+class Completion:
+    body: dict
+    policy_version: str
+    recorded: bool
+
+
+class PolicyService:
+    """Serves `engine` (swapped by `swap` on reload) and records with `recorder` (None: off)."""
+
+    def __init__(self, engine, recorder=None):
+        self._engine = engine
+        self.recorder = recorder
+        self.episodes = Episodes()
+        self._swap_lock = threading.Lock()
+
+    @property
+    def engine(self):
+        return self._engine
+
+    def swap(self, engine) -> None:
+        """Serve `engine` from the next request on; requests already running finish on the old one."""
+        with self._swap_lock:
+            old, self._engine = self._engine, engine
+        log.info("policy: now serving %s (was %s)", engine.version, old.version)
+
+    def models(self) -> set[str]:
+        return {self._engine.model_name, "policy"}
+
+    def complete(self, request: ChatRequest, trajectory_id: str | None) -> Completion:
+        """One completion (see the module docstring); blocking: run it in a worker thread."""
+        engine = self._engine  # one version for the whole response
+        if trajectory_id is None:
+            prompt = build_prompt(engine, request.messages, request.tools, [])
+            samples, latency_ms = _generate(engine, prompt, request)
+            return Completion(response_body(engine, request, prompt, samples), engine.version, False)
+        state = self.episodes.get(trajectory_id)
+        with state.lock:  # the turns of one episode run in order
+            prompt = build_prompt(engine, request.messages, request.tools, state.contexts)
+            samples, latency_ms = _generate(engine, prompt, request)
+            step_index = state.next_step
+            state.next_step += 1
+            state.contexts = [[*prompt.token_ids, *s.token_ids] for s in samples]
+        recorded = False
+        if self.recorder is not None:
+            event = step_event(engine, request, prompt, samples, trajectory_id, step_index, latency_ms)
+            self.recorder.publish(event)
+            recorded = True
+        return Completion(response_body(engine, request, prompt, samples), engine.version, recorded)
+
+
+def _generate(engine, prompt: Prompt, request: ChatRequest):
+    started = time.perf_counter()
+    samples = engine.generate(prompt.token_ids, request.sampling)
+    return samples, (time.perf_counter() - started) * 1000.0
+
+
+def step_event(
+    engine,
+    request: ChatRequest,
+    prompt: Prompt,
+    samples,
+    trajectory_id: str,
+    step_index: int,
+    latency_ms: float,
+):
+    """The `step.recorded` of one turn: sample 0 as the step, the others in `samples`."""
+    first = samples[0]
+    parsed = parse(first.text)
+    call = parsed.calls[0] if parsed.calls else None
+    delta = prompt.delta
+    return StepRecorded(
+        event_id=new_event_id(),
+        trajectory_id=trajectory_id,
+        occurred_at=utc_now(),
+        producer=PRODUCER,
+        step_index=step_index,
+        thought=parsed.text,
+        tool=call.name if call else "",
+        params=call.arguments if call else {},
+        model=engine.model_name,
+        policy_version=engine.version,
+        input_tokens=len(prompt.token_ids),
+        output_tokens=len(first.token_ids),
+        latency_ms=round(latency_ms, 3),
+        token_ids=first.token_ids,
+        logprobs=first.logprobs,
+        prompt_token_ids=delta.token_ids,
+        prompt_delta_start=delta.start,
+        sampling=request.sampling.as_dict(),
+        tokenizer_hash=engine.tokenizer_hash,
+        token_continuity=delta.continuity,
+        token_continuity_break=delta.break_at,
+        token_rl_eligible=delta.rl_eligible,
+        finish_reason=_finish_reason(first, parsed),
+        tool_call_malformed=parsed.malformed,
+        samples=[_sample_dict(s) for s in samples[1:]] or None,
+    )
+
+
+def _sample_dict(sample) -> dict:
+    return {
+        "token_ids": sample.token_ids,
+        "logprobs": sample.logprobs,
+        "finish_reason": sample.finish_reason,
+        "text": sample.text,
+    }
+
+
+def _finish_reason(sample, parsed: ParsedCompletion) -> str:
+    return "tool_calls" if parsed.calls else sample.finish_reason
+
+
+def response_body(engine, request: ChatRequest, prompt: Prompt, samples) -> dict:
+    """The OpenAI `chat.completion` body (plus `policy_version`)."""
+    choices = [_choice(engine, request, index, sample) for index, sample in enumerate(samples)]
+    completion_tokens = sum(len(s.token_ids) for s in samples)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.model,
+        "system_fingerprint": engine.tokenizer_hash,
+        "policy_version": engine.version,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": len(prompt.token_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(prompt.token_ids) + completion_tokens,
+        },
+    }
+
+
+def _choice(engine, request: ChatRequest, index: int, sample) -> dict:
+    parsed = parse(sample.text)
+    message: dict = {"role": "assistant", "content": parsed.text if parsed.text or not parsed.calls else None}
+    if parsed.calls:
+        message["tool_calls"] = [call.openai(f"call_{uuid.uuid4().hex[:24]}") for call in parsed.calls]
+    if parsed.malformed:
+        message["tool_call_malformed"] = True
+    choice = {"index": index, "message": message, "finish_reason": _finish_reason(sample, parsed)}
+    choice["logprobs"] = _logprobs(engine, sample) if request.logprobs else None
+    return choice
+
+
+def _logprobs(engine, sample) -> dict:
+    content = []
+    for token_id, logprob in zip(sample.token_ids, sample.logprobs, strict=True):
+        token = engine.decode([token_id])
+        content.append(
+            {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
+        )
+    return {"content": content}
