@@ -31,6 +31,8 @@ class StackConfig:
     judge: bool = False
     gateway: bool = False
     gateway_port: int = 8080
+    policy: bool = False
+    policy_port: int = 8000
     trainer: bool = True
     trainer_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -62,6 +64,8 @@ def components(config: StackConfig) -> list[Component]:
         out.append(Component("trainer", ("trainer", *config.trainer_args)))
     if config.gateway:
         out.append(_server("gateway", config.gateway_port))
+    if config.policy:  # serves the trainer's newest checkpoint and follows policy.updated
+        out.append(_server("policy", config.policy_port))
     return out
 
 

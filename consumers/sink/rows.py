@@ -44,7 +44,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "steps": _columns(
         "event_id trajectory_id step_index occurred_at thought tool params observation exit_code error "
-        "model policy_version input_tokens output_tokens latency_ms sampled_tokens producer"
+        "model policy_version input_tokens output_tokens latency_ms sampled_tokens producer "
+        "token_continuity token_continuity_break token_rl_eligible tokenizer_hash finish_reason"
     ),
     "rule_rewards": _columns(
         "event_id trajectory_id step_index occurred_at redundancy regression info_utilization score "
@@ -122,7 +123,10 @@ def episode_ended_row(e: EpisodeEnded) -> Row:
 
 
 def step_row(e: StepRecorded) -> Row:
-    return _row("steps", e, params=_json(e.params), sampled_tokens=len(e.token_ids or ()))
+    return _row(
+        "steps", e, params=_json(e.params), sampled_tokens=len(e.token_ids or ()),
+        token_rl_eligible=_flag(e.token_rl_eligible),
+    )  # fmt: skip
 
 
 def rule_reward_row(e: RuleRewardStep) -> Row:

@@ -19,6 +19,14 @@ def register(sub) -> None:
     add_option(up, "--judge", action="store_true", default=False, help="also run the LLM judge worker")
     add_option(up, "--gateway", action="store_true", default=False, help="also run the HTTP gateway")
     add_option(up, "--gateway-port", type=int, default=8080, help="gateway port")
+    add_option(
+        up,
+        "--policy",
+        action="store_true",
+        default=False,
+        help="also run the policy server (OpenAI-compatible)",
+    )
+    add_option(up, "--policy-port", type=int, default=8000, help="policy server port")
     add_option(up, "--no-trainer", action="store_true", default=False, help="do not run the trainer consumer")
     add_option(
         up,
@@ -65,6 +73,8 @@ def _stack_config(args):
         judge=bool(args.judge),
         gateway=bool(args.gateway),
         gateway_port=args.gateway_port,
+        policy=bool(args.policy),
+        policy_port=args.policy_port,
         trainer=not args.no_trainer,
     )
 

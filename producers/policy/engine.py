@@ -81,6 +81,7 @@ class Sample:
     logprobs: list[float]  # log-softmax of the raw fp32 logits at each sampled token
     finish_reason: str  # "stop" (a stop token) or "length" (max_tokens)
     text: str  # decoded without special tokens
+    policy_version: str | None = None  # set by engines that learn it per call (the upstream proxy)
 
 
 # --- loading ---------------------------------------------------------------------------------------

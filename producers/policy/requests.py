@@ -26,24 +26,45 @@ class PolicyConfig:
 
     base_model: str = field(
         default="tiny",
-        metadata={"help": "base model: a local directory, or `tiny` (built from a config under --data-dir)"},
+        metadata={
+            "env": "AGENTSTREAM_POLICY_BASE_MODEL",
+            "help": "base model: a local directory, or `tiny` (built from a config under --data-dir)",
+        },
     )
     adapter: str = field(
         default="",
-        metadata={"help": "LoRA checkpoint to serve at start (default: the latest under --checkpoints)"},
+        metadata={
+            "env": "AGENTSTREAM_POLICY_ADAPTER",
+            "help": "LoRA checkpoint to serve at start (default: the latest under --checkpoints)",
+        },
     )
     checkpoints: str = field(
-        default="", metadata={"help": "the executor's checkpoint root (default: <data-dir>/checkpoints)"}
+        default="",
+        metadata={
+            "env": "AGENTSTREAM_POLICY_CHECKPOINTS",
+            "help": "the executor's checkpoint root (default: <data-dir>/checkpoints)",
+        },
     )
     upstream: str = field(
         default="",
         metadata={
-            "help": "proxy mode: an OpenAI-compatible server to forward to (vLLM, SGLang), e.g. http://127.0.0.1:8000/v1"
+            "env": "AGENTSTREAM_POLICY_UPSTREAM",
+            "help": "proxy mode: an OpenAI-compatible server to sample from (vLLM, SGLang, another "
+            "agentstream policy), e.g. http://127.0.0.1:8000/v1; --base-model then names the model's "
+            "tokenizer directory",
         },
     )
-    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
-    record: bool = field(default=True, metadata={"help": "record each completion as step.recorded"})
-    follow: bool = field(default=True, metadata={"help": "reload on policy.updated (hot reload)"})
+    device: str = field(
+        default="auto", metadata={"env": "AGENTSTREAM_POLICY_DEVICE", "help": "auto | cpu | cuda"}
+    )
+    record: bool = field(
+        default=True,
+        metadata={"env": "AGENTSTREAM_POLICY_RECORD", "help": "record each completion as step.recorded"},
+    )
+    follow: bool = field(
+        default=True,
+        metadata={"env": "AGENTSTREAM_POLICY_FOLLOW", "help": "reload on policy.updated (hot reload)"},
+    )
     api_key_hashes: frozenset[str] | tuple[str, ...] = field(
         default=(),
         metadata={
@@ -52,8 +73,17 @@ class PolicyConfig:
             "env": "AGENTSTREAM_POLICY_API_KEY_HASHES",
         },
     )
-    max_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "request size limit (413 above)"})
-    workers: int = field(default=1, metadata={"help": "generation threads (one model instance is shared)"})
+    max_body_bytes: int = field(
+        default=4 * 1024 * 1024,
+        metadata={"env": "AGENTSTREAM_POLICY_MAX_BODY_BYTES", "help": "request size limit (413 above)"},
+    )
+    workers: int = field(
+        default=1,
+        metadata={
+            "env": "AGENTSTREAM_POLICY_WORKERS",
+            "help": "generation threads (one model instance is shared)",
+        },
+    )
 
     def __post_init__(self):
         object.__setattr__(self, "api_key_hashes", parse_key_hashes(self.api_key_hashes))
@@ -108,6 +138,34 @@ def parse_chat(body: Any, models: set[str]) -> ChatRequest:
         logprobs=_bool(body, "logprobs", False),
         top_logprobs=_int(body, "top_logprobs", 0, 0, 20),
     )
+
+
+@dataclass(frozen=True)
+class TokenRequest:
+    """`/v1/completions` with the prompt as token ids (token-in, as vLLM and SGLang accept it)."""
+
+    model: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+
+
+def parse_completion(body: Any, models: set[str], vocab_size: int) -> TokenRequest:
+    """Check a completions body whose `prompt` is a list of token ids; ApiError naming the field."""
+    if not isinstance(body, dict):
+        raise bad("body", body, "a JSON object")
+    model = body.get("model")
+    if model not in models:
+        raise ApiError(
+            404, f"model: {model!r} is not served here (serving {sorted(models)})", "model", "not_found_error"
+        )
+    prompt = body.get("prompt")
+    if (
+        not isinstance(prompt, list)
+        or not prompt
+        or not all(isinstance(t, int) and 0 <= t < vocab_size for t in prompt)
+    ):
+        raise bad("prompt", prompt, f"a non-empty list of token ids in [0, {vocab_size})")
+    return TokenRequest(model=model, prompt_ids=prompt, sampling=_sampling(body))
 
 
 def _messages(messages: Any) -> list[dict]:

@@ -10,7 +10,6 @@ import asyncio
 import logging
 from pathlib import Path
 
-from producers.errors import ProducerError
 from producers.policy.requests import PolicyConfig
 
 log = logging.getLogger(__name__)
@@ -30,16 +29,23 @@ def build_service(config: PolicyConfig, base_dir: Path, bootstrap_servers: str, 
     from producers.policy.service import PolicyService
 
     if config.upstream:
-        raise ProducerError("upstream: proxy mode is not available yet; leave --upstream empty")
+        from producers.policy.upstream import UpstreamEngine
+
+        return PolicyService(
+            UpstreamEngine(config.upstream, base_dir), _recorder(config, bootstrap_servers, data_dir)
+        )
     adapter = Path(config.adapter) if config.adapter else latest_checkpoint(_checkpoints(config, data_dir))
     version = _version_of(adapter) if adapter else "base"
     engine = LocalEngine(base_dir, adapter=adapter, version=version, device=config.device)
-    recorder = None
-    if config.record:
-        from producers.recorder import AgentRecorder
+    return PolicyService(engine, _recorder(config, bootstrap_servers, data_dir))
 
-        recorder = AgentRecorder(bootstrap_servers, data_dir, agent="policy-server", model=engine.model_name)
-    return PolicyService(engine, recorder)
+
+def _recorder(config: PolicyConfig, bootstrap_servers: str, data_dir: Path):
+    if not config.record:
+        return None
+    from producers.recorder import AgentRecorder
+
+    return AgentRecorder(bootstrap_servers, data_dir, agent="policy-server")
 
 
 def _checkpoints(config: PolicyConfig, data_dir: Path) -> Path:
@@ -65,7 +71,8 @@ def run(
     from producers.policy.server import serve
 
     service = build_service(config, base_dir, bootstrap_servers, data_dir)
-    reloader = PolicyReloader(service, bootstrap_servers).start() if config.follow else None
+    follow = config.follow and not config.upstream  # an upstream server reloads itself
+    reloader = PolicyReloader(service, bootstrap_servers).start() if follow else None
     try:
         asyncio.run(serve(config, service, host, port, ready_file))
     except KeyboardInterrupt:

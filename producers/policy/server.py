@@ -5,6 +5,9 @@ Endpoints:
   `top_k`, `max_tokens`, `seed`, `logprobs`). Recorded when the request names its episode.
 - `POST /v1/episodes/{trajectory_id}/chat/completions`: the same, recorded as the next
   `step.recorded` of that episode (or name it with the header `X-Agentstream-Trajectory`).
+- `POST /v1/completions` with `prompt` as a list of token ids: token in, token out (`token_ids`,
+  `prompt_token_ids` and logprobs per choice, as vLLM returns them); what a recording proxy in
+  front of this server calls. Not recorded.
 - `GET /v1/models`, `GET /healthz`.
 
 Every response carries the header `x-agentstream-policy-version` (and `policy_version` in the
@@ -24,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 
 from producers.gateway_requests import key_allowed, presented_key
-from producers.policy.requests import ApiError, PolicyConfig, parse_chat
+from producers.policy.requests import ApiError, PolicyConfig, parse_chat, parse_completion
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,7 @@ def create_app(config: PolicyConfig, service):
     app["pool"] = ThreadPoolExecutor(config.workers, thread_name_prefix="agentstream-policy")
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/episodes/{trajectory_id}/chat/completions", _chat)
+    app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/healthz", _healthz)
 
@@ -94,6 +98,15 @@ async def _chat(request):
     trajectory_id = request.match_info.get("trajectory_id") or request.headers.get(TRAJECTORY_HEADER)
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(request.app["pool"], service.complete, chat, trajectory_id)
+    return _json(200, result.body, result.policy_version)
+
+
+async def _completions(request):
+    service = request.app["service"]
+    body = await _body(request)
+    tokens = parse_completion(body, service.models(), len(service.engine.tokenizer))
+    loop = asyncio.get_running_loop()
+    result = await loop.run_in_executor(request.app["pool"], service.complete_tokens, tokens)
     return _json(200, result.body, result.policy_version)
 
 

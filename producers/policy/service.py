@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from producers.policy.requests import ChatRequest
+from producers.policy.requests import ChatRequest, TokenRequest
 from producers.policy.tool_calls import ParsedCompletion, parse
 from producers.policy.turns import Episodes, Prompt, build_prompt
 from schemas.events import StepRecorded, utc_now
@@ -61,7 +61,9 @@ class PolicyService:
         if trajectory_id is None:
             prompt = build_prompt(engine, request.messages, request.tools, [])
             samples, latency_ms = _generate(engine, prompt, request)
-            return Completion(response_body(engine, request, prompt, samples), engine.version, False)
+            return Completion(
+                response_body(engine, request, prompt, samples), version_of(engine, samples), False
+            )
         state = self.episodes.get(trajectory_id)
         with state.lock:  # the turns of one episode run in order
             prompt = build_prompt(engine, request.messages, request.tools, state.contexts)
@@ -74,7 +76,53 @@ class PolicyService:
             event = step_event(engine, request, prompt, samples, trajectory_id, step_index, latency_ms)
             self.recorder.publish(event)
             recorded = True
-        return Completion(response_body(engine, request, prompt, samples), engine.version, recorded)
+        return Completion(
+            response_body(engine, request, prompt, samples), version_of(engine, samples), recorded
+        )
+
+    def complete_tokens(self, request: TokenRequest) -> Completion:
+        """`/v1/completions`, token in and token out (what the recording proxy calls upstream);
+        not recorded: the proxy in front records."""
+        engine = self._engine
+        samples = engine.generate(request.prompt_ids, request.sampling)
+        return Completion(token_body(engine, request, samples), engine.version, False)
+
+
+def token_body(engine, request: TokenRequest, samples) -> dict:
+    """The OpenAI `text_completion` body with vLLM's `token_ids` / `prompt_token_ids` fields."""
+    choices = [
+        {
+            "index": index,
+            "text": sample.text,
+            "token_ids": sample.token_ids,
+            "finish_reason": sample.finish_reason,
+            "logprobs": {
+                "tokens": [engine.decode([t]) for t in sample.token_ids],
+                "token_logprobs": sample.logprobs,
+            },
+        }
+        for index, sample in enumerate(samples)
+    ]
+    completion_tokens = sum(len(s.token_ids) for s in samples)
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": request.model,
+        "policy_version": engine.version,
+        "prompt_token_ids": request.prompt_ids,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": len(request.prompt_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(request.prompt_ids) + completion_tokens,
+        },
+    }
+
+
+def version_of(engine, samples) -> str:
+    """The policy version that produced `samples` (the upstream's, in proxy mode)."""
+    return samples[0].policy_version or engine.version
 
 
 def _generate(engine, prompt: Prompt, request: ChatRequest):
@@ -107,7 +155,7 @@ def step_event(
         tool=call.name if call else "",
         params=call.arguments if call else {},
         model=engine.model_name,
-        policy_version=engine.version,
+        policy_version=version_of(engine, samples),
         input_tokens=len(prompt.token_ids),
         output_tokens=len(first.token_ids),
         latency_ms=round(latency_ms, 3),
@@ -149,7 +197,7 @@ def response_body(engine, request: ChatRequest, prompt: Prompt, samples) -> dict
         "created": int(time.time()),
         "model": request.model,
         "system_fingerprint": engine.tokenizer_hash,
-        "policy_version": engine.version,
+        "policy_version": version_of(engine, samples),
         "choices": choices,
         "usage": {
             "prompt_tokens": len(prompt.token_ids),

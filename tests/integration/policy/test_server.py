@@ -260,3 +260,34 @@ def test_broker_down_while_serving_loses_no_step(tmp_path, broker, tiny):
         )
     assert sorted(s.step_index for s in steps) == [0, 1, 2, 3]  # none lost, none twice
     assert len({s.event_id for s in steps}) == 4
+
+
+def test_proxy_mode_records_the_same_fields_as_the_built_in_backend(tmp_path, broker, tiny, local_engine):
+    upstream_root, proxy_root = tmp_path / "upstream", tmp_path / "proxy"
+    upstream_root.mkdir(), proxy_root.mkdir()
+    with policy_server(upstream_root, broker.bootstrap, tiny, "--record", "false") as (upstream, _):
+        proxy_args = ("--upstream", f"{upstream}/v1", "--follow", "false")
+        with policy_server(proxy_root, broker.bootstrap, tiny, *proxy_args) as (url, _):
+            api = client(url, "t-proxy")
+            messages = [{"role": "user", "content": "List the files."}]
+            for observation in ("a.py", None):
+                raw = api.chat.completions.with_raw_response.create(
+                    model="tiny", messages=messages, tools=TOOLS, logprobs=True, **SAMPLING
+                )
+                response = raw.parse()
+                assert raw.headers["x-agentstream-policy-version"] == "base" == response.policy_version
+                messages.append(assistant_turn(response.choices[0]))
+                if observation:
+                    messages.append({"role": "tool", "tool_call_id": "c1", "content": observation})
+            steps = wait_for(
+                lambda: (s := recorded_steps(broker.bootstrap, "t-proxy")) and len(s) == 2 and s,
+                what="2 steps",
+            )
+    assert [s.token_continuity for s in steps] == ["first", "ok"]
+    assert all(s.tokenizer_hash == local_engine.tokenizer_hash and s.policy_version == "base" for s in steps)
+    assert all(s.producer == "policy-server" and s.sampling["seed"] == 7 for s in steps)
+    sequences = reconstruct([(s.prompt_delta_start, s.prompt_token_ids, s.token_ids) for s in steps])
+    for step, sequence in zip(steps, sequences, strict=True):
+        prompt = sequence[: len(sequence) - len(step.token_ids)]
+        fresh = local_engine.score(prompt, step.token_ids)
+        assert max(abs(a - b) for a, b in zip(fresh, step.logprobs, strict=True)) < 1e-4

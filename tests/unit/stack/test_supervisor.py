@@ -129,3 +129,13 @@ def test_a_killed_supervisor_leaves_no_orphan(tmp_path):
         wait_for(lambda: all(pid_gone(p) for p in pids), timeout_s=5, what="child and grandchild to exit")
     finally:
         hard_kill(pids)
+
+
+def test_the_policy_server_is_a_stack_component_only_when_asked(tmp_path):
+    from infra.stack import components, embedded_config
+
+    names = [c.name for c in components(embedded_config(tmp_path))]
+    assert "policy" not in names
+    with_policy = {c.name: c for c in components(embedded_config(tmp_path, policy=True, policy_port=8123))}
+    assert with_policy["policy"].args[:3] == ("policy", "--port", "8123")
+    assert with_policy["policy"].ready_file == "run/policy.ready"
