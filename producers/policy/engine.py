@@ -370,6 +370,11 @@ class LocalEngine:
             weakref.finalize(self, shared.drop, name)
 
     @property
+    def tokenizer_lock(self) -> threading.Lock:
+        """Held around every use of the (shared) tokenizer: fast tokenizers are not thread-safe."""
+        return self._shared.tokenizer_lock
+
+    @property
     def device(self) -> str:
         return self._shared.device
 

@@ -51,20 +51,27 @@ class Prompt:
 
 def build_prompt(engine, messages: list[dict], tools: list[dict] | None, contexts: list[list[int]]) -> Prompt:
     """The prompt for this turn (see the module docstring); `contexts` empty on a first turn."""
-    text = render_text(engine, messages, tools)
+    with engine.tokenizer_lock:
+        prompt = _token_in(engine.tokenizer, messages, tools, contexts)
+    if prompt is not None:
+        return prompt
+    prompt_ids = engine.render(messages, tools)
+    return Prompt(prompt_ids, prompt_delta(contexts[0] if contexts else None, prompt_ids))
+
+
+def _token_in(
+    tokenizer, messages: list[dict], tools: list[dict] | None, contexts: list[list[int]]
+) -> Prompt | None:
+    """The prompt reusing a context's own token ids, when the rendered text extends it; else None."""
+    if not contexts:
+        return None
+    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     for context in contexts:
-        context_text = engine.tokenizer.decode(
+        context_text = tokenizer.decode(
             context, skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
         if text.startswith(context_text):
-            suffix = engine.tokenizer.encode(text[len(context_text) :], add_special_tokens=False)
+            suffix = tokenizer.encode(text[len(context_text) :], add_special_tokens=False)
             prompt = [*context, *suffix]
             return Prompt(prompt, prompt_delta(context, prompt))
-    prompt = engine.render(messages, tools)
-    return Prompt(prompt, prompt_delta(contexts[0] if contexts else None, prompt))
-
-
-def render_text(engine, messages: list[dict], tools: list[dict] | None) -> str:
-    return engine.tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=True, tokenize=False
-    )
+    return None

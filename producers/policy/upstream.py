@@ -47,7 +47,7 @@ class UpstreamEngine:
         self.tokenizer_hash = tokenizer_hash(self.tokenizer, base)
         self.version = upstream_version
         self._client = httpx.Client(timeout=timeout_s)
-        self._lock = threading.Lock()
+        self.tokenizer_lock = threading.Lock()  # fast tokenizers are not thread-safe
         self.upstream_model = model or self._first_model()
         self.model_name = self.upstream_model
 
@@ -62,14 +62,14 @@ class UpstreamEngine:
             raise EngineError(f"upstream {self.upstream}: cannot list its models: {exc!r}") from None
 
     def render(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        with self._lock:
+        with self.tokenizer_lock:
             text = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=True, tokenize=False
             )
             return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, token_ids: list[int]) -> str:
-        with self._lock:
+        with self.tokenizer_lock:
             return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Sample]:
