@@ -21,6 +21,7 @@ BENCHMARKS = {
     "sink": "topic-to-ClickHouse rows/s and publish-to-visible latency",
     "trainer": "batch building trajectories/s and training tokens/s",
     "e2e": "sustained load through every stage; end-to-end latencies",
+    "policy": "policy server tokens/s and requests/s per concurrency; recording overhead; reload pauses",
 }
 
 
