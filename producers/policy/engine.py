@@ -214,7 +214,7 @@ class _SharedModel:
         else:
             self.model = PeftModel(self.model, config, adapter_name=name)
         result = set_peft_model_state_dict(self.model, weights, adapter_name=name)
-        missing = [k for k in result.missing_keys if f".{name}." in k or "lora_" in k]
+        missing = [k for k in result.missing_keys if f".{name}." in k]  # this adapter's own weights only
         if result.unexpected_keys or missing:
             raise ValueError(f"weights do not fit the base: {(result.unexpected_keys or missing)[:3]}")
         self.model.eval()

@@ -217,17 +217,30 @@ def test_policy_updated_switches_the_version_under_load_without_mixing(tmp_path,
     served = [v for _, v, _ in sorted(answers)]
     assert served[0] == "base" and served[-1] == "v1"
 
-    # a corrupt checkpoint keeps v1 serving and logs one clear error naming it
+    # a second update loads while v1 serves
+    publish_policy(
+        broker.bootstrap, "v1b", make_checkpoint(tiny, tmp_path / "checkpoints", "v1b", seed=2), "v1"
+    )
+
+    def version_now():
+        reply = client(url).chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "x"}], max_tokens=2
+        )
+        return reply.policy_version == "v1b"
+
+    wait_for(version_now, timeout_s=60, what="the second update served")
+
+    # a corrupt checkpoint keeps v1b serving and logs one clear error naming it
     broken = tmp_path / "checkpoints" / "v2"
     (broken / "adapter").mkdir(parents=True)
     (broken / "adapter" / "adapter_config.json").write_text("{not json")
-    publish_policy(broker.bootstrap, "v2", broken, previous="v1")
+    publish_policy(broker.bootstrap, "v2", broken, previous="v1b")
     wait_for(lambda: "v2 not served" in proc.log_text(), timeout_s=60, what="the reload error")
     assert str(broken) in proc.log_text()
     after = client(url).chat.completions.create(
         model="policy", messages=[{"role": "user", "content": "x"}], max_tokens=2
     )
-    assert after.policy_version == "v1"
+    assert after.policy_version == "v1b"
 
     steps = [s for s in recorded_steps(broker.bootstrap) if s.trajectory_id.startswith("t-load-")]
     versions = {s.policy_version for s in steps}

@@ -268,3 +268,19 @@ def test_bad_adapters_raise_and_the_engine_keeps_serving(base, prompt, checkpoin
     new = old.with_adapter(checkpoint, "v2")
     _assert_logprobs_are_scores(new, prompt, new.generate(prompt, params))
     assert old.generate(prompt, params) == before
+
+
+def test_a_reload_chain_loads_each_adapter_while_the_previous_one_is_live(base, prompt, checkpoint, tmp_path):
+    """v1 -> v2 -> v3, each loaded while the version before it still serves (as hot reload does)."""
+    first = LocalEngine(base, device="cpu").with_adapter(checkpoint, "v1")
+    second = first.with_adapter(_lora(base, tmp_path / "v2" / "adapter", scale=0.3), "v2")
+    third = second.with_adapter(_lora(base, tmp_path / "v3" / "adapter", scale=0.4), "v3")
+    tokens = first.generate(prompt, SamplingParams(seed=1, max_tokens=8))[0].token_ids
+    scores = [engine.score(prompt, tokens) for engine in (first, second, third)]
+    assert [engine.version for engine in (first, second, third)] == ["v1", "v2", "v3"]
+    for engine in (first, second, third):
+        _assert_logprobs_are_scores(
+            engine, prompt, engine.generate(prompt, SamplingParams(seed=2, max_tokens=8))
+        )
+    reference = LocalEngine(base, adapter=tmp_path / "v3", device="cpu")
+    assert scores[2] == pytest.approx(reference.score(prompt, tokens), abs=TOL)
