@@ -27,6 +27,7 @@ import json
 import logging
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -224,7 +225,9 @@ class _SharedModel:
 
         if not isinstance(self.model, PeftModel) or name not in self.model.peft_config:
             return
-        self.model.delete_adapter(name)
+        with warnings.catch_warnings():  # peft says which adapter it activates instead: we pick per call
+            warnings.simplefilter("ignore", UserWarning)
+            self.model.delete_adapter(name)
         if not self.model.peft_config:  # the last adapter: back to the plain base model
             self.model = self.model.unload()
 

@@ -4,7 +4,9 @@ Endpoints:
 - `POST /v1/chat/completions`: OpenAI chat completions (`tools`, `n`, `temperature`, `top_p`,
   `top_k`, `max_tokens`, `seed`, `logprobs`). Recorded when the request names its episode.
 - `POST /v1/episodes/{trajectory_id}/chat/completions`: the same, recorded as the next
-  `step.recorded` of that episode (or name it with the header `X-Agentstream-Trajectory`).
+  `step.recorded` of that episode (or name it with the header `X-Agentstream-Trajectory`); the
+  server counts the episode's steps, or the client gives the index (`X-Agentstream-Step-Index`,
+  which also survives a server restart).
 - `POST /v1/completions` with `prompt` as a list of token ids: token in, token out (`token_ids`,
   `prompt_token_ids` and logprobs per choice, as vLLM returns them); what a recording proxy in
   front of this server calls. Not recorded.
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 
 VERSION_HEADER = "x-agentstream-policy-version"
 TRAJECTORY_HEADER = "X-Agentstream-Trajectory"
+STEP_HEADER = "X-Agentstream-Step-Index"
 
 
 def create_app(config: PolicyConfig, service):
@@ -96,9 +99,20 @@ async def _chat(request):
     body = await _body(request)
     chat = parse_chat(body, service.models())
     trajectory_id = request.match_info.get("trajectory_id") or request.headers.get(TRAJECTORY_HEADER)
+    step_index = _step_index(request.headers.get(STEP_HEADER))
     loop = asyncio.get_running_loop()
-    result = await loop.run_in_executor(request.app["pool"], service.complete, chat, trajectory_id)
+    result = await loop.run_in_executor(
+        request.app["pool"], service.complete, chat, trajectory_id, step_index
+    )
     return _json(200, result.body, result.policy_version)
+
+
+def _step_index(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise ApiError(400, f"{STEP_HEADER}: expected a step index (0, 1, ...), got {value!r}", STEP_HEADER)
+    return int(value)
 
 
 async def _completions(request):

@@ -55,8 +55,12 @@ class PolicyService:
     def models(self) -> set[str]:
         return {self._engine.model_name, "policy"}
 
-    def complete(self, request: ChatRequest, trajectory_id: str | None) -> Completion:
-        """One completion (see the module docstring); blocking: run it in a worker thread."""
+    def complete(
+        self, request: ChatRequest, trajectory_id: str | None, step_index: int | None = None
+    ) -> Completion:
+        """One completion (see the module docstring); blocking: run it in a worker thread.
+        `step_index`: the client's own count of the episode's steps (kept across a server restart),
+        else the server counts the episode's turns from 0."""
         engine = self._engine  # one version for the whole response
         if trajectory_id is None:
             prompt = build_prompt(engine, request.messages, request.tools, [])
@@ -68,8 +72,8 @@ class PolicyService:
         with state.lock:  # the turns of one episode run in order
             prompt = build_prompt(engine, request.messages, request.tools, state.contexts)
             samples, latency_ms = _generate(engine, prompt, request)
-            step_index = state.next_step
-            state.next_step += 1
+            step_index = state.next_step if step_index is None else step_index
+            state.next_step = step_index + 1
             state.contexts = [[*prompt.token_ids, *s.token_ids] for s in samples]
         recorded = False
         if self.recorder is not None:

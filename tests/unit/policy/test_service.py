@@ -10,6 +10,19 @@ from producers.policy.requests import parse_chat
 from producers.policy.service import PolicyService
 
 
+class PlainTokenizer:
+    """Text in, text out: the history never matches, so later turns fall back to `render`."""
+
+    def apply_chat_template(self, messages, **_):
+        return "|".join(m["content"] for m in messages)
+
+    def decode(self, token_ids, **_):
+        return "#" * len(token_ids)
+
+    def encode(self, text, **_):
+        return [ord(c) % 50 for c in text]
+
+
 class ScriptedEngine:
     """Renders one token per message and answers with the scripted completions, in turn."""
 
@@ -18,7 +31,7 @@ class ScriptedEngine:
     def __init__(self, *texts: str):
         self.texts = list(texts)
         self.tokenizer_lock = threading.Lock()
-        self.tokenizer = None
+        self.tokenizer = PlainTokenizer()
 
     def render(self, messages, tools=None):
         return [len(m["content"]) % 50 for m in messages]
@@ -86,3 +99,17 @@ def test_n_samples_are_choices_and_the_step_keeps_the_others():
 def test_a_request_without_an_episode_is_served_and_not_recorded():
     result, events = complete(ScriptedEngine("hi"), {"messages": [{"role": "user", "content": "go"}]}, None)
     assert result.body["choices"][0]["message"]["content"] == "hi" and events == [] and not result.recorded
+
+
+def test_the_client_can_give_the_step_index_and_the_count_goes_on_from_it():
+    recorder, engine = Spool(), ScriptedEngine("a", "b", "c")
+    service = PolicyService(engine, recorder)
+    chat = parse_chat({"model": "policy", "messages": [{"role": "user", "content": "go"}]}, service.models())
+    service.complete(chat, "t-9", 5)  # e.g. after a restart of the server, the agent knows it is at step 5
+    service.complete(chat, "t-9")
+    service.complete(chat, "t-other")
+    assert [(e.trajectory_id, e.step_index) for e in recorder.events] == [
+        ("t-9", 5),
+        ("t-9", 6),
+        ("t-other", 0),
+    ]
