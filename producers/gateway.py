@@ -30,9 +30,7 @@ re-exported here.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 import uuid
 
 import orjson
@@ -58,6 +56,7 @@ from producers.gateway_requests import (
     presented_key,
     too_large,
 )
+from producers.http import serve_app
 from schemas.codec import encode, encode_key
 from schemas.topics import DLQ, topic_for
 
@@ -245,25 +244,4 @@ async def _openapi(request):
 
 async def serve(config: GatewayConfig, host: str, port: int, ready_file: str | None = None) -> None:
     """Run the gateway until SIGTERM/SIGINT; writes "host:port" to `ready_file` once listening."""
-    from aiohttp import web
-
-    runner = web.AppRunner(create_app(config), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0]
-    address = f"{bound[0]}:{bound[1]}"
-    log.info("gateway listening on http://%s (broker %s)", address, config.bootstrap_servers)
-    if ready_file:
-        from pathlib import Path
-
-        Path(ready_file).write_text(address)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-        log.info("gateway stopping: in-flight requests finish, then the producer closes")
-    finally:
-        await runner.cleanup()
+    await serve_app(create_app(config), host, port, ready_file, "gateway")

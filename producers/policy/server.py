@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
 from producers.gateway_requests import key_allowed, presented_key
+from producers.http import serve_app
 from producers.policy.requests import ApiError, PolicyConfig, parse_chat, parse_completion
 
 log = logging.getLogger(__name__)
@@ -151,25 +151,4 @@ async def _healthz(request):
 
 async def serve(config: PolicyConfig, service, host: str, port: int, ready_file: str | None = None) -> None:
     """Run the server until SIGTERM/SIGINT; writes "host:port" to `ready_file` once listening."""
-    from aiohttp import web
-
-    runner = web.AppRunner(create_app(config, service), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0]
-    address = f"{bound[0]}:{bound[1]}"
-    log.info("policy server on http://%s/v1 serving %s", address, service.engine.version)
-    if ready_file:
-        from pathlib import Path
-
-        Path(ready_file).write_text(address)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-        log.info("policy server stopping: in-flight requests finish")
-    finally:
-        await runner.cleanup()
+    await serve_app(create_app(config, service), host, port, ready_file, "policy server", "/v1")
