@@ -13,6 +13,10 @@ and the policy server.
         ├── DeliveryFailed          a chunk was not acknowledged in time (it stays spooled)
         ├── RequestRejected         a gateway request answered with a 4xx (its JSON body attached)
         ├── AdapterError            an agent log that cannot be converted (`agentstream ingest`)
+        ├── EnvError                an unknown or duplicate env id, a bad task file line, a step
+        │   │                       before reset() or after the episode ended (producers.envs.errors)
+        │   └── ExpressionError     an expression the safe calculator refuses (producers.envs.calc)
+        ├── SandboxError            a sandbox that cannot be created or used (producers.sandbox)
         ├── EngineError             the policy server cannot load a base model or an adapter
         │                           (producers.policy.engine)
         └── ApiError                a policy server request answered with an OpenAI-style error
