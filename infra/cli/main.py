@@ -21,6 +21,7 @@ from infra.commands import (
     bench,
     broker,
     clickhouse,
+    evaluate,
     ingest,
     judge,
     policy,
@@ -48,6 +49,7 @@ COMMAND_MODULES = (
     sink,
     trainer,
     policy,
+    evaluate,
 )
 
 # Client libraries that narrate every connection at INFO; they speak up at WARNING unless asked (DEBUG).

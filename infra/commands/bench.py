@@ -22,6 +22,7 @@ BENCHMARKS = {
     "trainer": "batch building trajectories/s and training tokens/s",
     "e2e": "sustained load through every stage; end-to-end latencies",
     "policy": "policy server tokens/s and requests/s per concurrency; recording overhead; reload pauses",
+    "rollout": "rollout episodes/s and steps/s on calc per concurrency; local sandbox tool-call overhead",
 }
 
 
