@@ -1,0 +1,139 @@
+"""SandboxEnv on the local backend: an agent that fixes the bug passes verify(), one that only
+claims success does not; paths outside the workspace, unknown tools and truncation."""
+
+from __future__ import annotations
+
+import pytest
+
+from producers.envs import EnvError, MaxStepsWrapper, SandboxEnv, builtin_tasks, make
+
+FIXED = "def last_n(items, n):\n    if n <= 0:\n        return []\n    return items[-n:]\n"
+
+
+@pytest.fixture
+def env():
+    with SandboxEnv(backend="local") as sandbox_env:
+        yield sandbox_env
+
+
+@pytest.fixture
+def task():
+    return {t.task_id: t for t in builtin_tasks("sandbox")}["sandbox-last-n-off-by-one"].reset_task
+
+
+def act(env, tool, **params):
+    return env.step({"tool": tool, "params": params})
+
+
+def test_reset_shows_instruction_files_and_a_base_commit(env, task):
+    ts = env.reset(task=task)
+    assert "last_n" in ts.observation and "listutil.py" in ts.observation
+    assert ts.info["files"] == ["listutil.py", "test_listutil.py"]
+    log = act(env, "git", subcommand="log", args=["--oneline"])
+    assert log.info["exit_code"] == 0 and "agentstream base" in log.observation
+
+
+def test_agent_that_fixes_the_bug_passes(env, task):
+    env.reset(task=task)
+    read = act(env, "file_read", path="listutil.py")
+    assert "items[-n + 1 :]" in read.observation and read.info["exit_code"] == 0
+    assert act(env, "file_write", path="listutil.py", content=FIXED).info["exit_code"] == 0
+    diff = act(env, "git", subcommand="diff", args=[])
+    assert "+    return items[-n:]" in diff.observation
+    ts = act(env, "submit", answer="fixed the slice")
+    assert ts.terminated and ts.reward == 1.0 and ts.info["tests_passed"] is True
+    assert env.verify() is True
+    with pytest.raises(EnvError, match="after the episode ended"):
+        act(env, "file_read", path="listutil.py")
+
+
+def test_claiming_success_without_a_fix_fails(env, task):
+    env.reset(task=task)
+    ts = env.step({"tool": "submit", "params": {"answer": "all tests pass"}, "thought": "done, it works"})
+    assert ts.terminated and ts.reward == 0.0
+    assert env.verify() is False
+
+
+def test_editing_the_tests_does_not_pass_verify(env, task):
+    env.reset(task=task)
+    act(env, "file_write", path="test_listutil.py", content="print('ok')\n")
+    assert act(env, "shell", command=["python3", "test_listutil.py"]).info["exit_code"] == 0
+    act(env, "submit")
+    assert env.verify() is False  # the task's own test file is restored before the verdict
+
+
+def test_path_outside_the_workspace_is_an_observation_error(env, task):
+    env.reset(task=task)
+    for path in ("../outside.txt", "/etc/passwd"):
+        ts = act(env, "file_read", path=path)
+        assert ts.observation.startswith("error:") and "outside the workspace" in ts.observation
+        assert ts.info["exit_code"] == 1 and not ts.done
+
+
+def test_unknown_tool_and_bad_params_do_not_end_the_episode(env, task):
+    env.reset(task=task)
+    ts = act(env, "rm_rf", path=".")
+    assert ts.info["exit_code"] == 1 and "unknown tool 'rm_rf'" in ts.info["error"] and not ts.done
+    ts = env.step({"tool": "file_read", "params": ["listutil.py"]})
+    assert ts.info["exit_code"] == 1 and "params" in ts.info["error"] and not ts.done
+
+
+def test_shell_failure_reports_exit_code(env, task):
+    env.reset(task=task)
+    ts = act(env, "shell", command=["python3", "test_listutil.py"])
+    assert ts.info["exit_code"] != 0 and "AssertionError" in ts.observation and not ts.done
+
+
+def test_truncated_at_max_steps_by_the_wrapper(task):
+    wrapped = MaxStepsWrapper(make("sandbox", backend="local"), 2)
+    with wrapped:
+        wrapped.reset(task=task)
+        assert not act(wrapped, "file_read", path="listutil.py").done
+        ts = act(wrapped, "search", pattern="def ")
+        assert ts.truncated and not ts.terminated and "listutil.py:1:" in ts.observation
+        assert wrapped.verify() is False
+
+
+def test_own_max_steps_and_verdict_cached_after_the_end(task):
+    with SandboxEnv(backend="local", max_steps=1) as env:
+        env.reset(task=task)
+        assert act(env, "file_write", path="listutil.py", content=FIXED).truncated
+        assert env.verify() is True
+        env.sandbox.run("file_write", {"path": "listutil.py", "content": "broken("})
+        assert env.verify() is True  # cached once the episode ended
+
+
+def test_every_builtin_task_fails_as_shipped():
+    with SandboxEnv(backend="local") as env:
+        for task in builtin_tasks("sandbox"):
+            env.reset(task=task.reset_task)
+            assert env.verify() is False, task.task_id
+
+
+@pytest.mark.parametrize(
+    ("task", "message"),
+    [
+        ({"test_command": ["true"]}, "needs 'files'"),
+        ({"files": {"a.py": 1}}, "field 'files'"),
+        ({"files": {"a.py": ""}, "test_command": []}, "field 'test_command'"),
+        ({"files": {"a.py": ""}, "setup_commands": "make"}, "field 'setup_commands'"),
+        ("fix it", "expected an object"),
+    ],
+)
+def test_bad_task_raises_env_error_naming_the_field(env, task, message):
+    with pytest.raises(EnvError, match=message):
+        env.reset(task=task)
+
+
+def test_failing_setup_command_raises(env):
+    with pytest.raises(EnvError, match="setup"):
+        env.reset(task={"files": {"a.txt": "x"}, "setup_commands": [["false"]]})
+
+
+def test_registered_env_draws_a_builtin_task_from_the_seed():
+    with make("sandbox") as first, make("sandbox") as second:
+        assert first.domain == "coding" and first.terminal_tools == {"submit"}
+        a, b = first.reset(seed=3), second.reset(seed=3)
+        assert a.observation == b.observation and a.info["task_id"] in {
+            t.task_id for t in builtin_tasks("sandbox")
+        }
