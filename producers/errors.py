@@ -17,6 +17,7 @@ and the policy server.
         │   │                       before reset() or after the episode ended (producers.envs.errors)
         │   └── ExpressionError     an expression the safe calculator refuses (producers.envs.calc)
         ├── SandboxError            a sandbox that cannot be created or used (producers.sandbox)
+        ├── ReplayError             a trajectory that cannot be replayed (producers.rollout.replay)
         ├── EngineError             the policy server cannot load a base model or an adapter
         │                           (producers.policy.engine)
         └── ApiError                a policy server request answered with an OpenAI-style error

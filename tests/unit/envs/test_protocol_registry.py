@@ -79,7 +79,7 @@ def test_duplicate_id_names_it_and_lists_the_registered_ids(registered):
 
 
 def test_unknown_id_lists_the_registered_ids(registered):
-    with pytest.raises(EnvError, match=r"unknown env id 'nope'; registered ids: \['calc', 'test/echo'"):
+    with pytest.raises(EnvError, match=r"unknown env id 'nope'; registered ids: \[.*'calc'.*'test/echo'"):
         envs.make("nope")
     assert issubclass(EnvError, ProducerError)
 

@@ -26,7 +26,9 @@ def test_example_calc_tasks_load_and_each_is_solvable():
 
 def test_builtin_tasks_match_the_test_data():
     assert builtin_tasks("calc") == load_tasks(DATA / "calc.jsonl")
-    with pytest.raises(EnvError, match=r"no built-in task file 'nope'; available: \['calc'\]"):
+    with pytest.raises(
+        EnvError, match=r"no built-in task file 'nope'; available: \['calc', 'conversation', 'sandbox'\]"
+    ):
         builtin_tasks("nope")
 
 
