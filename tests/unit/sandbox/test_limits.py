@@ -109,7 +109,7 @@ def test_a_shell_fork_bomb_is_killed_at_the_timeout():
     before = _user_process_count(65534)
     with LocalSandbox(limits=Limits(processes=32, timeout_s=3)) as box:
         result = box.run("shell", {"command": "b(){ b|b& }; b; sleep 600"})
-        assert result.timed_out and result.duration_ms < 15_000  # 3 s timeout; slack for a loaded 2-core CI machine
+        assert result.timed_out and result.duration_ms < 15_000  # timeout 3 s, slack for a loaded CI
         assert box.run("shell", {"command": "echo ok"}).ok
     if os.geteuid() == 0:
         assert _user_process_count(65534) <= before
