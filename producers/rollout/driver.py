@@ -10,6 +10,12 @@ A reply without a tool call is the final answer: it goes to the env's terminal t
 Steps are recorded once, by the SDK in the env wrapper (the policy is called on its plain route, so
 the policy server does not record them a second time). By default the task set is run once;
 `forever` keeps sampling (what the training loop needs).
+
+Training-loop controls (both off by default, both need the broker): `horizon` is a ScalingInter-RL
+schedule (producers/rollout/horizon.py): before each episode the newest policy's training step is
+read from `policy.updates` and the episode's turn limit is min(max_turns, horizon at that step),
+enforced while it runs and recorded in the episode's metadata. `max_staleness` pauses sampling while
+the trainer has more than that many batches not yet trained (producers/rollout/backpressure.py).
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from typing import Any
 from producers.envs.protocol import TimeStep
 from producers.envs.tasks import Task
 from producers.envs.wrappers import MaxStepsWrapper, RecorderWrapper
+from producers.errors import ProducerError
+from producers.rollout.backpressure import BackpressureGate, TopicBacklog
+from producers.rollout.horizon import PolicyProgress, parse_horizon
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +59,32 @@ class RolloutConfig:
     api_key: str = field(
         default="none", metadata={"help": "API key for the endpoint", "env": "AGENTSTREAM_ROLLOUT_API_KEY"}
     )
+    horizon: str = field(
+        default="",
+        metadata={
+            "help": "turn-limit schedule by training step, STEP=TURNS stages like 0=4,100=8 (off: max_turns)"
+        },
+    )
+    max_staleness: int = field(
+        default=0, metadata={"help": "pause while the trainer is more than N batches behind (0: off)"}
+    )
+    progress_poll_s: float = field(
+        default=5.0, metadata={"help": "seconds between reads of policy.updates / training.batches"}
+    )
+
+    def __post_init__(self):
+        parse_horizon(self.horizon)  # a bad schedule fails here, naming the value
+        if self.max_turns < 1:
+            raise ProducerError(f"--max-turns: must be >= 1, got {self.max_turns!r}")
+        if self.max_staleness < 0:
+            raise ProducerError(f"--max-staleness: must be >= 0, got {self.max_staleness!r}")
+        if self.progress_poll_s <= 0:
+            raise ProducerError(f"--progress-poll-s: must be > 0, got {self.progress_poll_s!r}")
+
+    def turn_limit(self, progress: int) -> int:
+        """Turns allowed to an episode started at training step `progress`."""
+        schedule = parse_horizon(self.horizon)
+        return min(self.max_turns, schedule.horizon_at(progress)) if schedule else self.max_turns
 
 
 @dataclass(frozen=True)
@@ -60,6 +95,8 @@ class EpisodeResult:
     success: bool
     turns: int
     truncated: bool
+    horizon: int = 0
+    """The turn limit this episode ran under."""
 
 
 def tool_specs(tools: list[str]) -> list[dict]:
@@ -88,12 +125,15 @@ def action_from(choice, terminal: str) -> tuple[dict, str | None]:
 
 
 def run_episode(
-    client, config: RolloutConfig, task: Task, recorder, group_id: str, seed: int
+    client, config: RolloutConfig, task: Task, recorder, group_id: str, seed: int, progress: int = 0
 ) -> EpisodeResult:
-    """One episode of `task` (see the module docstring)."""
+    """One episode of `task` (see the module docstring), limited to `config.turn_limit(progress)`
+    turns: the step that reaches the limit is truncated and success is what the verifier sees."""
     inner = task.make_env()
     terminal = sorted(inner.terminal_tools)[0]
-    env = RecorderWrapper(MaxStepsWrapper(inner, config.max_turns), recorder, group_id=group_id)
+    horizon = config.turn_limit(progress)
+    metadata = {"horizon": horizon, "max_turns": config.max_turns, "training_step": progress}
+    env = RecorderWrapper(MaxStepsWrapper(inner, horizon), recorder, group_id=group_id, metadata=metadata)
     with env:
         ts = env.reset(task=task.reset_task, seed=seed)
         trajectory_id = env.episode.trajectory_id
@@ -105,7 +145,8 @@ def run_episode(
         while not ts.done:
             ts = _turn(client, config, env, messages, terminal, seed + turns)
             turns += 1
-        return EpisodeResult(task.task_id, group_id, trajectory_id, bool(inner.verify()), turns, ts.truncated)
+        success = bool(inner.verify())
+        return EpisodeResult(task.task_id, group_id, trajectory_id, success, turns, ts.truncated, horizon)
 
 
 def _turn(client, config: RolloutConfig, env, messages: list[dict], terminal: str, seed: int) -> TimeStep:
@@ -129,18 +170,82 @@ def _turn(client, config: RolloutConfig, env, messages: list[dict], terminal: st
     return ts
 
 
-def run(config: RolloutConfig, tasks: list[Task], recorder, progress=None) -> list[EpisodeResult]:
-    """Every task `group_size` times (once through the set, or until interrupted with `forever`)."""
+class TrainingLoopControls:
+    """What the driver reads before each episode: the training step (for the horizon) and the
+    backpressure gate. Built from the config; without a broker both are off."""
+
+    def __init__(self, progress: PolicyProgress | None = None, gate: BackpressureGate | None = None):
+        self.progress, self.gate = progress, gate
+
+    @classmethod
+    def from_config(cls, config: RolloutConfig, bootstrap_servers: str | None) -> TrainingLoopControls:
+        if not (config.horizon or config.max_staleness):
+            return cls()
+        if not bootstrap_servers:
+            raise ProducerError("--horizon / --max-staleness: need the broker (bootstrap servers), got none")
+        progress = PolicyProgress(bootstrap_servers, config.progress_poll_s) if config.horizon else None
+        gate = None
+        if config.max_staleness:
+            gate = BackpressureGate(
+                TopicBacklog(bootstrap_servers), config.max_staleness, config.progress_poll_s
+            )
+        return cls(progress, gate)
+
+    def before_episode(self) -> int:
+        """Wait out backpressure, then the training step the episode starts at."""
+        if self.gate is not None:
+            self.gate.wait()
+        return self.progress.step() if self.progress is not None else 0
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+        if self.gate is not None:
+            self.gate.backlog.close()
+
+
+def _controlled_episode(controls: TrainingLoopControls, client, config, task, recorder, group_id, seed):
+    return run_episode(client, config, task, recorder, group_id, seed, controls.before_episode())
+
+
+def run(
+    config: RolloutConfig,
+    tasks: list[Task],
+    recorder,
+    progress=None,
+    *,
+    bootstrap_servers: str | None = None,
+    controls: TrainingLoopControls | None = None,
+) -> list[EpisodeResult]:
+    """Every task `group_size` times (once through the set, or until interrupted with `forever`).
+    `bootstrap_servers` is needed for `horizon` / `max_staleness` (or pass `controls`)."""
     from openai import OpenAI
 
     client = OpenAI(base_url=config.policy_url, api_key=config.api_key, max_retries=2, timeout=300)
+    controls = controls or TrainingLoopControls.from_config(config, bootstrap_servers)
+    try:
+        return _run_rounds(client, config, tasks, recorder, progress, controls)
+    finally:
+        controls.close()
+
+
+def _run_rounds(client, config, tasks, recorder, progress, controls) -> list[EpisodeResult]:
     results: list[EpisodeResult] = []
     rounds = 0
     while True:
         jobs = [(task, f"{task.task_id}-g{uuid.uuid4().hex[:8]}") for task in tasks]
         with ThreadPoolExecutor(config.concurrency, thread_name_prefix="agentstream-rollout") as pool:
             futures = [
-                pool.submit(run_episode, client, config, task, recorder, group_id, rounds * 1000 + index)
+                pool.submit(
+                    _controlled_episode,
+                    controls,
+                    client,
+                    config,
+                    task,
+                    recorder,
+                    group_id,
+                    rounds * 1000 + index,
+                )
                 for task, group_id in jobs
                 for index in range(config.group_size)
             ]

@@ -9,8 +9,9 @@
   A step without a process score contributes p = 0 (absent, not neutral).
 - Staleness: trajectories whose policy version lags the current one by more than `max_policy_lag`
   are not admitted (`is_fresh`).
-- Horizon schedule (ScalingInter-RL): H(k) = horizon_steps[min(k // horizon_interval, len - 1)];
-  a row keeps its first H(k) steps (the advantage still comes from the whole trajectory's reward).
+- No horizon cut here: the ScalingInter-RL horizon is enforced by the rollout driver while the
+  episode runs (`agentstream rollout --horizon`), so a row keeps every step of its trajectory and the
+  reward is judged on what the agent did.
 """
 
 from __future__ import annotations
@@ -52,20 +53,10 @@ class GRPOGroupConfig:
     max_policy_lag: int | None = field(
         default=None, metadata={"help": "GRPO: drop trajectories more than N policy versions old"}
     )
-    horizon_steps: tuple[int, ...] = field(
-        default=(), metadata={"help": "GRPO: horizon schedule, e.g. 8,12,15 (steps per trajectory)"}
-    )
-    horizon_interval: int = field(default=100, metadata={"help": "GRPO: training steps per horizon stage"})
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     include_tools: bool = True
 
     def __post_init__(self):
-        if any(h < 1 for h in self.horizon_steps):
-            raise ConsumerConfigError(
-                f"--horizon-steps: expected positive integers like 8,12,15, got {self.horizon_steps!r}"
-            )
-        if self.horizon_interval < 1:
-            raise ConsumerConfigError(f"--horizon-interval: must be >= 1, got {self.horizon_interval!r}")
         if self.max_policy_lag is not None and self.max_policy_lag < 0:
             raise ConsumerConfigError(f"--max-policy-lag: must be >= 0, got {self.max_policy_lag!r}")
 
@@ -150,18 +141,6 @@ def step_advantages(
     return out
 
 
-def horizon_cap(training_step: int, config: GRPOGroupConfig) -> int | None:
-    """Max steps per trajectory at this training step (None: no schedule).
-
-    >>> horizon_cap(170, GRPOGroupConfig(horizon_steps=(8, 12, 15), horizon_interval=80))
-    15
-    """
-    if not config.horizon_steps:
-        return None
-    stage = min(training_step // max(1, config.horizon_interval), len(config.horizon_steps) - 1)
-    return config.horizon_steps[stage]
-
-
 def is_fresh(trajectory: TrajectoryScored, current_policy: str | None, config: GRPOGroupConfig) -> bool:
     """False when the trajectory's policy version lags `current_policy` by more than the limit."""
     if config.max_policy_lag is None:
@@ -188,23 +167,22 @@ class GRPOGroupBuilder:
     def build(
         self, group: list[TrajectoryScored], *, complete: bool = True, training_step: int = 0
     ) -> list[dict[str, Any]]:
+        """One row per trajectory. `training_step` is accepted for the lane interface and unused:
+        the horizon is the rollout driver's (see the module docstring)."""
+        del training_step
         group = sorted(group, key=lambda t: t.trajectory_id)
         rewards = [reward_of(t) or 0.0 for t in group]
         if self.config.drop_zero_std and len(set(rewards)) <= 1:
             return []
         advantages = group_advantages(rewards, self.config)
         steps_adv = step_advantages(group, advantages, self.config)
-        cap = horizon_cap(training_step, self.config)
         return [
-            self._row(
-                t, rewards[i], advantages[i], steps_adv[i] if steps_adv else None, cap, len(group), complete
-            )
+            self._row(t, advantages[i], steps_adv[i] if steps_adv else None, len(group), complete)
             for i, t in enumerate(group)
         ]
 
-    def _row(self, t: TrajectoryScored, reward, advantage, step_adv, cap, size, complete) -> dict[str, Any]:
-        steps = ordered_steps(t)
-        kept = steps[:cap] if cap is not None else steps
+    def _row(self, t: TrajectoryScored, advantage, step_adv, size, complete) -> dict[str, Any]:
+        kept = ordered_steps(t)
         row: dict[str, Any] = {
             "prompt": prompt_messages(t, self.config.system_prompt),
             "completion": [m for s in kept for m in step_messages(s)],
@@ -216,8 +194,7 @@ class GRPOGroupBuilder:
             "group_size": size,
             "group_complete": complete,
             "advantage": advantage,
-            "step_advantages": step_adv[: len(kept)] if step_adv is not None else None,
-            "horizon_truncated": len(kept) < len(steps),
+            "step_advantages": step_adv,
         }
         if all(s.token_ids is not None for s in kept):
             row["step_token_ids"] = [s.token_ids for s in kept]

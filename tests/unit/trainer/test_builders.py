@@ -21,7 +21,7 @@ from consumers.trainer.builders import (
 from consumers.trainer.builders.curriculum import curriculum_order
 from consumers.trainer.builders.dedup import content_hash
 from consumers.trainer.builders.groups import GroupCollector
-from consumers.trainer.builders.grpo import group_advantages, horizon_cap, is_fresh, step_advantages
+from consumers.trainer.builders.grpo import group_advantages, is_fresh, step_advantages
 from consumers.trainer.planner import Planner, PlannerConfig
 from schemas.records import Record
 from tests.support.trainer_data import HERE, golden_group, scored, step, synthetic
@@ -200,15 +200,17 @@ def test_revision_replaces_pending_member():
     assert [m.trajectory.revision for m in c.pending[("k",)].members] == [1]
 
 
-def test_staleness_and_horizon():
-    config = GRPOGroupConfig(max_policy_lag=2, horizon_steps=(1, 2, 3), horizon_interval=10)
+def test_staleness_and_no_after_the_fact_horizon():
+    config = GRPOGroupConfig(max_policy_lag=2)
     t = golden_group()[0]
     assert is_fresh(t.model_copy(update={"policy_version": "v3"}), "v5", config)
     assert not is_fresh(t.model_copy(update={"policy_version": "v2"}), "v5", config)
-    assert [horizon_cap(k, config) for k in (0, 9, 10, 25, 1000)] == [1, 1, 2, 3, 3]
+    # the horizon is the rollout driver's now: a row keeps every step at any training step
     rows = GRPOGroupBuilder(config).build(golden_group(), training_step=0)
-    assert all(len([m for m in r["completion"] if m["role"] == "assistant"]) == 1 for r in rows)
-    assert rows[0]["horizon_truncated"]
+    by_id = {t.trajectory_id: len(t.steps) for t in golden_group()}
+    for r in rows:
+        assistant = [m for m in r["completion"] if m["role"] == "assistant"]
+        assert len(assistant) == by_id[r["trajectory_id"]] and "horizon_truncated" not in r
 
 
 def test_token_ids_and_logprobs_are_carried():
@@ -268,8 +270,8 @@ def test_planner_later_revision_wins_and_incomplete_is_skipped():
     assert p.commit_positions({("s", 0): 3})[("s", 0)] == 2  # still pending in the group lanes
 
 
-def test_planner_applies_policy_lag_and_horizon_from_policy_updates():
-    config = GRPOGroupConfig(max_policy_lag=1, horizon_steps=(2, 3), horizon_interval=10)
+def test_planner_applies_policy_lag_from_policy_updates_and_keeps_every_step():
+    config = GRPOGroupConfig(max_policy_lag=1)
     groups = GroupConfig(group_size=2)
     p = Planner(PlannerConfig(kinds=("grpo",), batch_trajectories=2, grpo=config, groups=groups))
     p.policy_updated("v5", step=5)
@@ -284,4 +286,4 @@ def test_planner_applies_policy_lag_and_horizon_from_policy_updates():
     assert batch.extra["training_step"] == 5 and batch.extra["current_policy"] == "v5"
     t1 = next(r for r in batch.rows if r["trajectory_id"] == "task-a-t1")
     assistant_turns = [m for m in t1["completion"] if m["role"] == "assistant"]
-    assert len(assistant_turns) == 2 and t1["horizon_truncated"]  # step 5 is stage 0: H = 2
+    assert len(assistant_turns) == len(group[0].steps) == 3  # no cut after the fact

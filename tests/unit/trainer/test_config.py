@@ -42,12 +42,12 @@ def test_every_option_has_help_and_names_its_env_var(name):
 
 def test_trainer_flags_build_the_nested_configs():
     args = _parse(["trainer", "--kinds", "dpo,grpo", "--dpo-max-pairs", "3", "--group-size", "6",
-                   "--horizon-steps", "8,12", "--require-success", "false",
+                   "--max-policy-lag", "2", "--require-success", "false",
                    "--format", "parquet"])  # fmt: skip
     config = config_from_args(TrainerConsumerConfig, args)
     assert config.planner.kinds == ("dpo", "grpo")
     assert config.planner.dpo.max_pairs_per_group == 3
-    assert config.planner.grpo.horizon_steps == (8, 12)
+    assert config.planner.grpo.max_policy_lag == 2
     assert config.planner.sft.require_success is False
     assert config.format == "parquet"
     # one group setting, used by every grouped lane (DPO and GRPO alike)
