@@ -33,7 +33,7 @@ class BatchContext:
     """What a builder may need beyond its trajectories (the planner passes it in; pure values)."""
 
     complete: bool = True  # the group reached its full size (grouped kinds)
-    training_step: int = 0  # of the newest policy (GRPO horizon schedule)
+    training_step: int = 0  # of the newest policy (recorded in GRPO manifests)
     current_policy: str | None = None  # newest policy version (GRPO staleness)
 
 
@@ -109,7 +109,7 @@ KINDS: dict[str, BatchKind] = {
             make=lambda c, _tok: GRPOGroupBuilder(c.grpo),
             settings=lambda c: c.grpo.to_dict() | c.groups.to_dict(),
             eligible=lambda b, t, ctx: b.eligible(t, ctx.current_policy),
-            rows=lambda b, ts, ctx: b.build(ts, complete=ctx.complete, training_step=ctx.training_step),
+            rows=lambda b, ts, ctx: b.build(ts, complete=ctx.complete),
             grouped=True, group_key=lambda t: (t.task_id, t.group_id or ""), follow_default=True,
         ),
     )

@@ -45,7 +45,7 @@ def run_rollout(args) -> int:
         settings.bootstrap_servers, Path(settings.data_dir), agent="rollout", model=config.model
     )
     try:
-        results = run(config, tasks, recorder, progress)
+        results = run(config, tasks, recorder, progress, bootstrap_servers=settings.bootstrap_servers)
     finally:
         recorder.close(timeout=60)
     output.say(f"[rollout] {len(results)} episodes, {sum(r.success for r in results)} solved")

@@ -164,12 +164,9 @@ class GRPOGroupBuilder:
             and is_fresh(trajectory, current_policy, self.config)
         )
 
-    def build(
-        self, group: list[TrajectoryScored], *, complete: bool = True, training_step: int = 0
-    ) -> list[dict[str, Any]]:
-        """One row per trajectory. `training_step` is accepted for the lane interface and unused:
-        the horizon is the rollout driver's (see the module docstring)."""
-        del training_step
+    def build(self, group: list[TrajectoryScored], *, complete: bool = True) -> list[dict[str, Any]]:
+        """One row per trajectory, every step kept: the horizon is the rollout driver's, enforced
+        while the episode runs (see the module docstring)."""
         group = sorted(group, key=lambda t: t.trajectory_id)
         rewards = [reward_of(t) or 0.0 for t in group]
         if self.config.drop_zero_std and len(set(rewards)) <= 1:

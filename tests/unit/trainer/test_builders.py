@@ -206,7 +206,7 @@ def test_staleness_and_no_after_the_fact_horizon():
     assert is_fresh(t.model_copy(update={"policy_version": "v3"}), "v5", config)
     assert not is_fresh(t.model_copy(update={"policy_version": "v2"}), "v5", config)
     # the horizon is the rollout driver's now: a row keeps every step at any training step
-    rows = GRPOGroupBuilder(config).build(golden_group(), training_step=0)
+    rows = GRPOGroupBuilder(config).build(golden_group())
     by_id = {t.trajectory_id: len(t.steps) for t in golden_group()}
     for r in rows:
         assistant = [m for m in r["completion"] if m["role"] == "assistant"]
