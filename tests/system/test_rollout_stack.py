@@ -1,77 +1,74 @@
-"""`agentstream rollout` against the stack's policy server: groups of calc episodes land in ClickHouse
-with their group ids, their steps and the rule rewards of those steps."""
+"""`agentstream rollout` against the stack's policy server: groups of calc and sandbox episodes land
+in ClickHouse with their group ids, their steps and the rule rewards of those steps; `eval` of two
+policies prints rates with intervals."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
+import producers.envs
 from infra.stack import StackConfig
 from tests.support.processes import AGENTSTREAM, Proc, free_port, wait_for
 
+BUILTIN_SANDBOX = Path(producers.envs.__file__).with_name("tasks") / "sandbox.jsonl"
 TASKS = [
     {"task_id": "calc-a", "env": "calc", "task": {"expression": "3 + 4"}},
     {"task_id": "calc-b", "env": "calc", "task": {"expression": "9 - 5"}},
 ]
+ROLLOUT_STEPS = (
+    "SELECT count() FROM agentstream.{table} FINAL WHERE trajectory_id IN "
+    "(SELECT trajectory_id FROM agentstream.episodes FINAL WHERE agent = 'rollout' AND domain = 'math')"
+)
 
 
-def test_calc_rollout_groups_land_in_clickhouse_with_rule_rewards(tmp_path):
+def _cli(*args: str) -> str:
+    done = subprocess.run([*AGENTSTREAM, *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def _up(tmp_path: Path, data_dir: Path, port: int) -> Proc:
+    args = ["up", "--no-trainer", "--policy", "--policy-port", str(port), "--data-dir", str(data_dir)]
+    up = Proc([*AGENTSTREAM, *args, "--broker-port", str(free_port())], tmp_path / "up.log")
+    wait_for(lambda: "[up] running:" in up.log_text() or not up.alive(), timeout_s=180, what="the stack")
+    assert up.alive(), up.log_text()[-3000:]
+    return up
+
+
+def test_rollouts_land_in_clickhouse_with_groups_and_rule_rewards_and_eval_compares(tmp_path):
     data_dir, port = tmp_path / "stack", free_port()
-    up = Proc(
-        [
-            *AGENTSTREAM,
-            "up",
-            "--no-trainer",
-            "--policy",
-            "--policy-port",
-            str(port),
-            "--data-dir",
-            str(data_dir),
-            "--broker-port",
-            str(free_port()),
-        ],
-        tmp_path / "up.log",
-    )
+    up = _up(tmp_path, data_dir, port)
     try:
-        wait_for(lambda: "[up] running:" in up.log_text() or not up.alive(), timeout_s=180, what="the stack")
-        assert up.alive(), up.log_text()[-3000:]
         state = json.loads((data_dir / "run" / "stack.json").read_text())
+        config = StackConfig(data_dir, state["bootstrap_servers"], f"chdb://{data_dir / 'clickhouse'}")
+        common = [
+            "--policy-url",
+            f"http://127.0.0.1:{port}/v1",
+            "--bootstrap-servers",
+            state["bootstrap_servers"],
+        ]
         tasks = tmp_path / "tasks.jsonl"
         tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
-        rollout = subprocess.run(
-            [
-                *AGENTSTREAM,
-                "rollout",
-                "--env",
-                "calc",
-                "--tasks",
-                str(tasks),
-                "--group-size",
-                "4",
-                "--concurrency",
-                "4",
-                "--max-turns",
-                "3",
-                "--max-tokens",
-                "8",
-                "--policy-url",
-                f"http://127.0.0.1:{port}/v1",
-                "--bootstrap-servers",
-                state["bootstrap_servers"],
-                "--data-dir",
-                str(tmp_path / "rollout"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert rollout.returncode == 0, rollout.stderr[-3000:]
-        assert "[rollout] 8 episodes" in rollout.stdout
 
-        config = StackConfig(data_dir, state["bootstrap_servers"], f"chdb://{data_dir / 'clickhouse'}")
+        # calc: 2 tasks x groups of 4
+        calc = ["--env", "calc", "--tasks", str(tasks), "--group-size", "4", "--concurrency", "4"]
+        out = _cli(
+            "rollout",
+            *calc,
+            "--max-turns",
+            "3",
+            "--max-tokens",
+            "8",
+            "--data-dir",
+            str(tmp_path / "r1"),
+            *common,
+        )
+        assert "[rollout] 8 episodes" in out
         groups_sql = (
             "SELECT task_id, group_id, count(), countIf(success IS NOT NULL) FROM agentstream.episodes FINAL "
-            "WHERE agent = 'rollout' GROUP BY task_id, group_id ORDER BY task_id"
+            "WHERE agent = 'rollout' AND domain = 'math' GROUP BY task_id, group_id ORDER BY task_id"
         )
         groups = wait_for(
             lambda: (r := config.query(groups_sql)) and sum(x[3] for x in r) == 8 and r,
@@ -80,18 +77,43 @@ def test_calc_rollout_groups_land_in_clickhouse_with_rule_rewards(tmp_path):
         )
         assert [(task, count) for task, _, count, _ in groups] == [("calc-a", 4), ("calc-b", 4)]
         assert all(group_id.startswith(task) for task, group_id, _, _ in groups)
-        rewards_sql = (
-            "SELECT count() FROM agentstream.rule_rewards FINAL WHERE trajectory_id IN "
-            "(SELECT trajectory_id FROM agentstream.episodes FINAL WHERE agent = 'rollout')"
-        )
-        steps_sql = (
-            "SELECT count() FROM agentstream.steps FINAL WHERE trajectory_id IN "
-            "(SELECT trajectory_id FROM agentstream.episodes FINAL WHERE agent = 'rollout')"
-        )
-        steps = config.query(steps_sql)[0][0]
+        steps = config.query(ROLLOUT_STEPS.format(table="steps"))[0][0]
         assert 8 <= steps <= 24  # 1 to 3 turns per episode, each recorded once
-        wait_for(
-            lambda: config.query(rewards_sql)[0][0] == steps, timeout_s=90, what="a rule reward per step"
+        rewards = ROLLOUT_STEPS.format(table="rule_rewards")
+        wait_for(lambda: config.query(rewards)[0][0] == steps, timeout_s=90, what="a rule reward per step")
+
+        # sandbox (coding): one built-in task in a group of 4, judged by running its tests
+        sandbox_tasks = tmp_path / "sandbox.jsonl"
+        sandbox_tasks.write_text(BUILTIN_SANDBOX.read_text().splitlines()[0] + "\n")
+        coding_args = [
+            "--env",
+            "sandbox",
+            "--tasks",
+            str(sandbox_tasks),
+            "--group-size",
+            "4",
+            "--max-turns",
+            "2",
+        ]
+        out = _cli("rollout", *coding_args, "--max-tokens", "8", "--data-dir", str(tmp_path / "r2"), *common)
+        assert "[rollout] 4 episodes" in out
+        coding_sql = (
+            "SELECT count(), uniqExact(group_id), countIf(success = 0) FROM agentstream.episodes FINAL "
+            "WHERE agent = 'rollout' AND domain = 'coding' AND success IS NOT NULL"
         )
+        coding = wait_for(
+            lambda: (r := config.query(coding_sql)) and r[0][0] == 4 and r,
+            timeout_s=90,
+            what="4 coding episodes",
+        )
+        assert coding == [(4, 1, 4)]  # one group; the untrained model fixes nothing, and the tests say so
+
+        # eval of two policies (the same endpoint twice): a rate with an interval each
+        second = ["--policy-url", f"http://127.0.0.1:{port}/v1"]
+        evaluate = ["--env", "calc", "--tasks", str(tasks), "--episodes-per-task", "2", "--max-tokens", "8"]
+        report = _cli("eval", *evaluate, "--data-dir", str(tmp_path / "eval"), *common, *second)
+        rates = [line for line in report.splitlines() if "95% Wilson CI" in line]
+        assert len(rates) == 2 and all("/4 solved" in line for line in rates), report
+        assert "[eval] difference" in report and "p = " in report
     finally:
         up.stop()
