@@ -306,7 +306,7 @@ def _record_only(service, calls: int, max_tokens: int, rate: float | None = None
 
 
 def make_checkpoint(base_dir: Path, root: Path, version: str, seed: int = 1, scale: float = 0.5) -> Path:
-    """A LoRA checkpoint `<root>/<version>/adapter`, non-zero, as tests/support/policy.py makes it."""
+    """A non-zero LoRA checkpoint `<root>/<version>/adapter`, as the executor lays it out (tests too)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

@@ -7,11 +7,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from clients.kafka import make_producer, read_to_end
+from infra.bench.policy import make_checkpoint  # a LoRA checkpoint laid out as the executor writes it
 from schemas.codec import decode, encode, encode_key
 from schemas.events import PolicyUpdated, StepRecorded, utc_now
 from schemas.ids import new_event_id
 from schemas.topics import AGENT_EVENTS, POLICY_UPDATES
 from tests.support.processes import AGENTSTREAM, Proc, wait_for
+
+__all__ = ["make_checkpoint", "policy_server", "publish_policy", "recorded_steps"]
 
 
 @contextmanager
@@ -33,25 +36,6 @@ def policy_server(root: Path, bootstrap: str, base_dir: Path, *extra: str, env: 
         yield f"http://{address}", proc
     finally:
         proc.stop()
-
-
-def make_checkpoint(base_dir: Path, root: Path, version: str, seed: int = 1, scale: float = 0.5) -> Path:
-    """A LoRA checkpoint `<root>/<version>/adapter` whose weights differ from zero (so the policy
-    really changes), laid out as the executor writes them."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_dir)
-    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn_like(param) * scale)
-    path = root / version
-    peft_model.save_pretrained(path / "adapter")
-    return path
 
 
 def publish_policy(bootstrap: str, version: str, checkpoint: Path, previous: str | None = None) -> None:
