@@ -20,7 +20,7 @@ from typing import Any
 
 from producers.envs.arithmetic import Number, generate_expression, parse_number, safe_eval, same_number
 from producers.envs.errors import EnvError, ExpressionError
-from producers.envs.protocol import Action, AgentEnv, TimeStep
+from producers.envs.protocol import Action, AgentEnv, TimeStep, checked_action
 
 MAX_DIFFICULTY = 5
 PROMPT = (
@@ -82,14 +82,8 @@ class CalcEnv(AgentEnv):
 
     def step(self, action: Action) -> TimeStep:
         """Run `calculator` or `submit`; an unknown tool or bad params answer an error (exit_code 1)."""
-        if self.expression is None:
-            raise EnvError("step() before reset(): call reset() first")
-        if self._done:
-            raise EnvError("step() after the episode ended: call reset() for a new one")
-        if not isinstance(action, dict):
-            raise EnvError(f"action: expected a dict with 'tool' and 'params', got {action!r}")
+        tool, params = checked_action(action, self.expression is not None, self._done)
         self.turn += 1
-        tool, params = action.get("tool"), action.get("params") or {}
         if not isinstance(params, dict):
             ts = _failed(f"params: expected an object, got {params!r}")
         elif tool == "calculator":

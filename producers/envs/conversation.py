@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from producers.envs.errors import EnvError
-from producers.envs.protocol import Action, AgentEnv, TimeStep
+from producers.envs.protocol import Action, AgentEnv, TimeStep, checked_action
 
 Tool = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -111,14 +111,8 @@ class ConversationEnv(AgentEnv):
 
     def step(self, action: Action) -> TimeStep:
         """Call one tool; a terminal tool ends the episode, an unknown tool answers an error."""
-        if not self._started:
-            raise EnvError("step() before reset(): call reset() first")
-        if self._done:
-            raise EnvError("step() after the episode ended: call reset() for a new one")
-        if not isinstance(action, dict):
-            raise EnvError(f"action: expected a dict with 'tool' and 'params', got {action!r}")
+        tool, params = checked_action(action, self._started, self._done)
         self.turn += 1
-        tool, params = action.get("tool"), action.get("params") or {}
         if not isinstance(params, dict):
             ts = _failed(tool, f"params: expected an object, got {params!r}")
         elif tool not in self.tools:

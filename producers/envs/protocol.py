@@ -19,6 +19,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from producers.envs.errors import EnvError
+
 Action = dict[str, Any]
 
 
@@ -84,6 +86,19 @@ class AgentEnv(ABC):
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+def checked_action(action: Any, started: bool, done: bool) -> tuple[Any, Any]:
+    """The (tool, params) of an action an env was asked to step with; `EnvError` when the env has
+    not been reset, its episode already ended, or the action is not a dict. `params` may still be
+    a non-dict: each env answers that as a tool error (an agent mistake, not a caller bug)."""
+    if not started:
+        raise EnvError("step() before reset(): call reset() first")
+    if done:
+        raise EnvError("step() after the episode ended: call reset() for a new one")
+    if not isinstance(action, dict):
+        raise EnvError(f"action: expected a dict with 'tool' and 'params', got {action!r}")
+    return action.get("tool"), action.get("params") or {}
 
 
 class EnvWrapper(AgentEnv):

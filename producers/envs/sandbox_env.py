@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from producers.envs.errors import EnvError
-from producers.envs.protocol import Action, AgentEnv, TimeStep
+from producers.envs.protocol import Action, AgentEnv, TimeStep, checked_action
 from producers.sandbox.base import TOOLS, Sandbox, ToolResult
 
 log = logging.getLogger(__name__)
@@ -91,14 +91,9 @@ class SandboxEnv(AgentEnv):
 
     def step(self, action: Action) -> TimeStep:
         """Run one sandbox tool; `submit` ends the episode and runs the tests once."""
-        if self.task is None or self.sandbox is None:
-            raise EnvError("step() before reset(): call reset() first")
-        if self._done:
-            raise EnvError("step() after the episode ended: call reset() for a new one")
-        if not isinstance(action, dict):
-            raise EnvError(f"action: expected a dict with 'tool' and 'params', got {action!r}")
+        started = self.task is not None and self.sandbox is not None
+        tool, params = checked_action(action, started, self._done)
         self.steps += 1
-        tool, params = action.get("tool"), action.get("params") or {}
         if not isinstance(params, dict):
             result = ToolResult("", 1, f"params: expected an object, got {params!r}")
         else:
