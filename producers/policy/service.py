@@ -107,7 +107,6 @@ def token_body(engine, request: TokenRequest, samples) -> dict:
         }
         for index, sample in enumerate(samples)
     ]
-    completion_tokens = sum(len(s.token_ids) for s in samples)
     return {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
@@ -116,11 +115,7 @@ def token_body(engine, request: TokenRequest, samples) -> dict:
         "policy_version": engine.version,
         "prompt_token_ids": request.prompt_ids,
         "choices": choices,
-        "usage": {
-            "prompt_tokens": len(request.prompt_ids),
-            "completion_tokens": completion_tokens,
-            "total_tokens": len(request.prompt_ids) + completion_tokens,
-        },
+        "usage": usage(len(request.prompt_ids), samples),
     }
 
 
@@ -187,6 +182,13 @@ def _sample_dict(sample) -> dict:
     }
 
 
+def usage(prompt_tokens: int, samples) -> dict:
+    """OpenAI `usage`: the prompt once, every sample's completion tokens."""
+    completion_tokens = sum(len(s.token_ids) for s in samples)
+    total = prompt_tokens + completion_tokens
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
+
+
 def _finish_reason(sample, parsed: ParsedCompletion) -> str:
     return "tool_calls" if parsed.calls else sample.finish_reason
 
@@ -194,7 +196,6 @@ def _finish_reason(sample, parsed: ParsedCompletion) -> str:
 def response_body(engine, request: ChatRequest, prompt: Prompt, samples) -> dict:
     """The OpenAI `chat.completion` body (plus `policy_version`)."""
     choices = [_choice(engine, request, index, sample) for index, sample in enumerate(samples)]
-    completion_tokens = sum(len(s.token_ids) for s in samples)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -203,11 +204,7 @@ def response_body(engine, request: ChatRequest, prompt: Prompt, samples) -> dict
         "system_fingerprint": engine.tokenizer_hash,
         "policy_version": version_of(engine, samples),
         "choices": choices,
-        "usage": {
-            "prompt_tokens": len(prompt.token_ids),
-            "completion_tokens": completion_tokens,
-            "total_tokens": len(prompt.token_ids) + completion_tokens,
-        },
+        "usage": usage(len(prompt.token_ids), samples),
     }
 
 
