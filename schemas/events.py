@@ -248,6 +248,12 @@ class ScoredStep(BaseModel):
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     policy_version: str | None = None
+    # Token-in/token-out fields of the step as the policy server recorded them (see StepRecorded);
+    # what the GRPO builder trains on without re-tokenising. Absent for steps recorded elsewhere.
+    prompt_token_ids: list[int] | None = None
+    prompt_delta_start: NonNegInt | None = None
+    token_continuity: Literal["first", "ok", "broken"] | None = None
+    event_id: str | None = Field(None, description="the step.recorded event this step came from")
 
 
 class TrajectoryScored(EventBase):
@@ -292,6 +298,10 @@ class BatchBuilt(EventBase):
     source_offsets: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="topic -> partition -> next offset covered by this batch"
     )
+    source_ranges: dict[str, dict[str, list[int]]] = Field(
+        default_factory=dict,
+        description="topic -> partition -> [first, last] offset of the records this batch was built from",
+    )
     reward_versions: list[str] = Field(default_factory=list)
     calibration_versions: list[str] = Field(default_factory=list)
     policy_versions: list[str] = Field(default_factory=list)
@@ -310,7 +320,24 @@ class PolicyUpdated(EventBase):
     method: str = ""
     step: NonNegInt = 0
     batch_ids: list[str] = Field(default_factory=list)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="the update's metrics: loss, is_ratio_mean, is_ratio_max, ess, clipped_fraction, "
+        "is_truncated_fraction, kl, lr, grad_norm, tokens, dropped_groups, trained_groups",
+    )
+    # Lineage: what this version was trained on, down to the records (see `agentstream lineage`).
+    source_ranges: dict[str, dict[str, list[int]]] = Field(
+        default_factory=dict,
+        description="topic -> partition -> [first, last] offset of the records its batches were built from",
+    )
+    trajectory_ids: list[str] = Field(default_factory=list, description="trajectories it trained on")
+    behaviour_versions: list[str] = Field(
+        default_factory=list, description="policy versions that sampled the data it trained on"
+    )
+    staleness_histogram: dict[str, int] = Field(
+        default_factory=dict, description="versions behind -> GRPO groups admitted at that staleness"
+    )
+    dropped_groups: NonNegInt = Field(0, description="GRPO groups dropped whole as too stale")
 
 
 # --- agentstream.dlq ----------------------------------------------------------------------------
