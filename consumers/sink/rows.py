@@ -73,6 +73,11 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "policy_version event_id occurred_at previous_version base_model checkpoint_path method step "
         "batch_ids metrics"
     ),
+    "policy_versions": _columns(
+        "policy_version previous_version event_id occurred_at method step base_model checkpoint_path "
+        "batch_ids trajectory_ids behaviour_versions source_ranges staleness_histogram dropped_groups "
+        "metrics loss is_ratio_mean is_ratio_max ess clipped_fraction kl"
+    ),
     "dead_letters": _columns(
         "event_id trajectory_id occurred_at stage reason error_type source_topic source_partition "
         "source_offset source_key payload payload_encoding"
@@ -194,11 +199,25 @@ def policy_row(e: PolicyUpdated) -> Row:
     return _row("policy_updates", e, batch_ids=list(e.batch_ids), metrics=dict(e.metrics))
 
 
+_HEADLINE_METRICS = ("loss", "is_ratio_mean", "is_ratio_max", "ess", "clipped_fraction", "kl")
+
+
+def policy_version_row(e: PolicyUpdated) -> Row:
+    """One row per version: lineage as arrays / JSON, the headline metrics as columns (None when the
+    method has no such metric, e.g. no importance ratio for SFT)."""
+    return _row(
+        "policy_versions", e, batch_ids=list(e.batch_ids), trajectory_ids=list(e.trajectory_ids),
+        behaviour_versions=list(e.behaviour_versions), source_ranges=_json(e.source_ranges),
+        staleness_histogram=dict(e.staleness_histogram), metrics=dict(e.metrics),
+        **{name: e.metrics.get(name) for name in _HEADLINE_METRICS},
+    )  # fmt: skip
+
+
 def dead_letter_row(e: DeadLetter) -> Row:
     return _row("dead_letters", e)
 
 
-# event type -> (table, row builder)
+# event type -> (table, row builder): the event's own table
 TYPED: dict[str, tuple[str, Callable[[EventBase], Row]]] = {
     "episode.started": ("episodes", episode_started_row),
     "episode.ended": ("episodes", episode_ended_row),
@@ -214,9 +233,14 @@ TYPED: dict[str, tuple[str, Callable[[EventBase], Row]]] = {
     "dead.letter": ("dead_letters", dead_letter_row),
 }
 
+# event type -> further (table, row builder)s: policy.updated also keeps its original table
+ALSO: dict[str, tuple[tuple[str, Callable[[EventBase], Row]], ...]] = {
+    "policy.updated": (("policy_versions", policy_version_row),),
+}
+
 
 def rows_for(event: EventBase, raw: bytes, topic: str, partition: int, offset: int) -> list[TableRow]:
-    """Every row one event produces: its `events` row and its typed row.
+    """Every row one event produces: its `events` row, its typed row and any `ALSO` rows.
 
     >>> from datetime import UTC, datetime
     >>> from schemas.events import EpisodeEnded
@@ -230,6 +254,7 @@ def rows_for(event: EventBase, raw: bytes, topic: str, partition: int, offset: i
     if typed is not None:
         table, build = typed
         rows.append((table, build(event)))
+    rows += [(table, build(event)) for table, build in ALSO.get(event.type, ())]
     return rows
 
 
