@@ -1,5 +1,6 @@
 """`agentstream up`: which processes make the embedded stack (broker, one stream worker per role,
-sink, trainer, optionally judge and gateway) and where they keep their logs and state.
+sink, trainer, optionally judge, gateway, policy server and training executor) and where they keep
+their logs and state.
 
 The processes themselves are run by `infra.supervisor.Supervisor` (start order, readiness, restarts
 with backoff, stop on SIGTERM / SIGINT in reverse order, no orphans); this module adds what is
@@ -35,6 +36,8 @@ class StackConfig:
     policy_port: int = 8000
     trainer: bool = True
     trainer_args: tuple[str, ...] = ()
+    train: bool = False
+    train_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def query(self, sql: str) -> list[tuple]:
@@ -62,6 +65,8 @@ def components(config: StackConfig) -> list[Component]:
     out.append(Component("sink", ("sink",)))
     if config.trainer:
         out.append(Component("trainer", ("trainer", *config.trainer_args)))
+    if config.train:  # after the trainer whose batches it follows; `train_args` may override --kinds
+        out.append(Component("executor", ("train", "--follow", "--kinds", "grpo", *config.train_args)))
     if config.gateway:
         out.append(_server("gateway", config.gateway_port))
     if config.policy:  # serves the trainer's newest checkpoint and follows policy.updated

@@ -27,6 +27,19 @@ def register(sub) -> None:
         help="also run the policy server (OpenAI-compatible)",
     )
     add_option(up, "--policy-port", type=int, default=8000, help="policy server port")
+    add_option(
+        up,
+        "--train",
+        action="store_true",
+        default=False,
+        help="also run the training executor: `train --follow --kinds grpo` on training.batches",
+    )
+    add_option(
+        up,
+        "--train-args",
+        default="",
+        help='more `agentstream train` options for --train, one string (e.g. "--base-model DIR --lora-r 16")',
+    )
     add_option(up, "--no-trainer", action="store_true", default=False, help="do not run the trainer consumer")
     add_option(
         up,
@@ -55,6 +68,7 @@ def demo_command(args) -> int:
 
 
 def _stack_config(args):
+    import shlex
     from pathlib import Path
 
     from infra.stack import StackConfig
@@ -76,6 +90,8 @@ def _stack_config(args):
         policy=bool(args.policy),
         policy_port=args.policy_port,
         trainer=not args.no_trainer,
+        train=bool(args.train),
+        train_args=tuple(shlex.split(args.train_args or "")),
     )
 
 
