@@ -1,9 +1,14 @@
 """The executor's I/O shell: train on one batch file, or follow `training.batches`.
 
-Follow mode is effectively-once per batch: the checkpoint's `state.json` lists the batches already
-trained (skipped on replay); the `policy.updated` of the latest checkpoint is re-published on start
-(same deterministic event id) in case the process died between checkpoint and publish; the offset
-is committed after both.
+Follow mode is effectively-once per batch and publishes each version exactly once:
+
+- the checkpoint's `state.json` lists the batches already trained (skipped on replay), so a batch
+  trains at most once per version;
+- on start, `policy.updates` is read to its end; the latest checkpoint's `policy.updated` is
+  published only when it is not there (the process died between checkpoint and publish), so no
+  version is skipped and none is published twice;
+- the offset of a batch is committed only after its event is acknowledged (or after the executor
+  made no version of it: every group dropped as stale).
 """
 
 from __future__ import annotations
@@ -80,8 +85,7 @@ def follow(run: TrainRunConfig) -> int:
     ensure_topics(run.bootstrap_servers)
     executor = TrainingExecutor(run.train, run.data_dir)
     producer = make_producer(run.bootstrap_servers, CLIENT_ID)
-    if executor.state.last_event:
-        publish_update(producer, PolicyUpdated.model_validate(executor.state.last_event))
+    publish_unpublished(run.bootstrap_servers, producer, executor.state.last_event)
     consumer = make_consumer(run.bootstrap_servers, CLIENT_ID, run.group_id)
     try:
         _assign_from_committed(consumer)
@@ -90,6 +94,51 @@ def follow(run: TrainRunConfig) -> int:
         consumer.close()
         producer.close()
     return 0
+
+
+def publish_unpublished(bootstrap_servers: str, producer, last_event: dict | None) -> bool:
+    """Publish the latest checkpoint's `policy.updated` unless `policy.updates` already has it (by
+    event id, or by policy version: a version is announced once). True when it published."""
+    if not last_event:
+        return False
+    event = PolicyUpdated.model_validate(last_event)
+    for record in _policy_updates(bootstrap_servers):
+        if record.get("event_id") == event.event_id or record.get("policy_version") == event.policy_version:
+            log.info("executor: %s already published, not publishing it again", event.policy_version)
+            return False
+    log.info("executor: publishing %s (checkpointed, not yet published)", event.policy_version)
+    publish_update(producer, event)
+    return True
+
+
+def _policy_updates(bootstrap_servers: str, timeout_s: float = 60.0) -> list[dict]:
+    """Every record of `policy.updates` up to its end now; raises rather than return a partial read
+    (a partial read could publish a version twice)."""
+    import orjson
+    from kafka import TopicPartition
+
+    consumer = make_consumer(bootstrap_servers, CLIENT_ID)
+    try:
+        parts = [
+            TopicPartition(topics.POLICY_UPDATES, p)
+            for p in sorted(consumer.partitions_for_topic(topics.POLICY_UPDATES) or ())
+        ]
+        if not parts:
+            return []
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        end, found = consumer.end_offsets(parts), []
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < end[tp] for tp in parts):
+            if time.monotonic() > deadline:
+                raise TrainerError(
+                    f"executor: could not read {topics.POLICY_UPDATES} to its end in {timeout_s:.0f}s"
+                )
+            for tp, batch in consumer.poll(timeout_ms=200).items():
+                found += [orjson.loads(m.value) for m in batch if m.offset < end[tp]]
+        return found
+    finally:
+        consumer.close()
 
 
 def _assign_from_committed(consumer) -> None:
@@ -138,5 +187,10 @@ def _train_record(executor: TrainingExecutor, producer, record, kinds: tuple[str
     if not rows:
         log.info("executor: %s has no rows, skipping", event.batch_id)
         return
-    update = executor.train_batch(rows, KINDS[event.kind].method, event.batch_id)
+    update = executor.train_batch(
+        rows, KINDS[event.kind].method, event.batch_id, source_ranges=event.source_ranges
+    )
+    if update is None:  # every group too stale: no version was made, nothing to announce
+        log.info("executor: %s made no version (every group dropped as stale)", event.batch_id)
+        return
     publish_update(producer, update)
