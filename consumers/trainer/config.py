@@ -104,7 +104,39 @@ class TrainConfig:
     beta: float = field(default=0.1, metadata={"help": "DPO beta"})
     clip_epsilon: float = field(default=0.2, metadata={"help": "GRPO ratio clip"})
     kl_beta: float = field(
-        default=0.0, metadata={"help": "GRPO k3 KL weight against the adapter-disabled model"}
+        default=0.0,
+        metadata={"help": "GRPO k3 KL weight against --reference (0: no KL term; TRL's default is 0 too)"},
+    )
+    reference: str = field(
+        default="base",
+        metadata={
+            "help": "KL reference: base (the model before any update) or a policy version like v3 "
+            "whose checkpoint is loaded"
+        },
+    )
+    is_correction: Literal["tis", "none"] = field(
+        default="tis",
+        metadata={
+            "help": "GRPO off-policy correction: tis (token-level truncated importance sampling "
+            "between the sampling policy and the weights trained) or none"
+        },
+    )
+    is_truncation: float = field(default=2.0, metadata={"help": "GRPO: TIS weights are capped at this"})
+    max_staleness: int = field(
+        default=2,
+        metadata={
+            "help": "GRPO: drop whole groups sampled more than N versions before the weights being trained"
+        },
+    )
+    lr_schedule: Literal["cosine", "constant"] = field(
+        default="cosine", metadata={"help": "learning rate after warmup: cosine decay or constant"}
+    )
+    warmup_steps: int = field(default=0, metadata={"help": "optimizer steps of linear warmup"})
+    schedule_steps: int = field(
+        default=1000, metadata={"help": "optimizer steps of the cosine period (then the floor)"}
+    )
+    min_lr_ratio: float = field(
+        default=0.1, metadata={"help": "cosine floor as a fraction of --learning-rate"}
     )
     step_weighted_loss: bool = field(default=False, metadata={"help": "SFT: weight steps by process reward"})
     max_grad_norm: float = 1.0
@@ -124,6 +156,22 @@ class TrainConfig:
         ):
             if value < 1:
                 raise ConsumerConfigError(f"{flag}: must be >= 1, got {value!r}")
+        self._check_offpolicy()
+
+    def _check_offpolicy(self) -> None:
+        if self.is_truncation < 1:
+            raise ConsumerConfigError(f"--is-truncation: must be >= 1, got {self.is_truncation!r}")
+        if self.kl_beta < 0:
+            raise ConsumerConfigError(f"--kl-beta: must be >= 0, got {self.kl_beta!r}")
+        for flag, value in (("--max-staleness", self.max_staleness), ("--warmup-steps", self.warmup_steps)):
+            if value < 0:
+                raise ConsumerConfigError(f"{flag}: must be >= 0, got {value!r}")
+        if self.schedule_steps < 1:
+            raise ConsumerConfigError(f"--schedule-steps: must be >= 1, got {self.schedule_steps!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConsumerConfigError(f"--min-lr-ratio: must be in [0, 1], got {self.min_lr_ratio!r}")
+        if not self.reference:
+            raise ConsumerConfigError("--reference: give base or a policy version like v3, got ''")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -3,11 +3,17 @@
 
 - SFT: token NLL on assistant tokens only (observations and prompts are -100), optionally
   step-weighted (w_s = p_s / mean p; a step without a process score weighs 1, never 0).
-- DPO: the reference is the same model with the LoRA adapter disabled (`model.disable_adapter()`);
-  in full fine-tuning a frozen copy is made once.
-- GRPO: clipped surrogate with the batch's advantages (per step when the batch has step
-  advantages); old logprobs from the batch when every trainable token has one (sampled by the
-  producer), else computed once under no_grad before the update.
+- Reference (DPO, and GRPO's KL when `kl_beta` > 0): `--reference base` is the model before any
+  update: the LoRA model with its adapter disabled, or in full fine-tuning a frozen model loaded
+  once from the base weights (never from a resumed checkpoint); `--reference vN` loads that
+  version's checkpoint into a separate frozen model.
+- GRPO: whole groups are admitted by staleness first (`offpolicy.admit_groups`); a batch with
+  nothing admitted makes no version (its id is recorded, its dropped groups are counted into the
+  next update). The loss is the clipped surrogate on the proximal policy (old logprobs: the
+  weights before the update, computed once under no_grad) times the token-level truncated
+  importance weight min(exp(old - behaviour), C) against the logprobs recorded at sampling time
+  (decoupled PPO; w = 1 where none were recorded or with `--is-correction none`), plus the KL term.
+- The learning rate follows `offpolicy.learning_rate_at` per optimizer step from `state.step`.
 - bf16 on GPU, fp32 on CPU. A checkpoint is the adapter (or full model), the optimizer state and
   `state.json` (step, policy version, batches trained): resuming reloads all three.
 """
@@ -16,9 +22,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +37,19 @@ from consumers.trainer.losses import (
     IGNORE_INDEX,
     dpo_loss,
     grpo_loss,
-    sequence_logps,
+    importance_sums,
     sft_loss,
+    step_weights,
+    tis_weights,
     token_logprobs,
+)
+from consumers.trainer.offpolicy import (
+    Admission,
+    admit_groups,
+    epoch_metrics,
+    learning_rate_at,
+    lineage_fields,
+    version_number,
 )
 from consumers.trainer.tokenize import Encoded, encode_messages
 from schemas.events import PolicyUpdated, utc_now
@@ -45,8 +62,18 @@ log = logging.getLogger(__name__)
 class TrainState:
     step: int = 0
     policy_version: str | None = None
-    batches: list[str] = field(default_factory=list)
+    batches: list[str] = field(default_factory=list)  # trained or dropped whole (replays skip them)
     last_event: dict[str, Any] | None = None
+    versions: int = 0  # versions published so far: the next is v{versions + 1}
+    pending_dropped: int = 0  # groups dropped since the last version, reported in the next one
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainState:
+        """Read `state.json`; one written before the version counter derives it from its version."""
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}
+        data.setdefault("versions", version_number(data.get("policy_version")) or 0)
+        return cls(**data)
 
 
 def _prompt_length(messages: list[Message]) -> int:
@@ -58,21 +85,6 @@ def _clean(messages: list[Message]) -> list[Message]:
     return [{k: v for k, v in m.items() if v is not None} for m in messages]
 
 
-def step_weights(steps: list[int], rewards: list[float | None] | None) -> list[float]:
-    """Per-token weight from its step's process reward (w_s = p_s / mean of present p; else 1).
-
-    >>> step_weights([-1, 0, 0, 1], [0.25, 0.75])
-    [1.0, 0.5, 0.5, 1.5]
-    """
-    present = [r for r in rewards or [] if r is not None]
-    mean = sum(present) / len(present) if present else 0.0
-    out = []
-    for s in steps:
-        r = rewards[s] if rewards and 0 <= s < len(rewards) else None
-        out.append(r / mean if r is not None and mean > 0 else 1.0)
-    return out
-
-
 class TrainingExecutor:
     """Owns the model, the optimizer and the checkpoints under `<data_dir>/checkpoints`."""
 
@@ -82,6 +94,12 @@ class TrainingExecutor:
         self.ckpt_root = self.data_dir / "checkpoints"
         self.state = TrainState()
         self._ref_model = None
+        self._warned_versions: set[str] = set()
+        if config.is_correction == "none":
+            log.warning(
+                "executor: off-policy correction disabled (--is-correction none): GRPO trains on "
+                "samples from older versions without importance weights"
+            )
         self._load()
 
     # --- model ----------------------------------------------------------------------------------
@@ -130,6 +148,7 @@ class TrainingExecutor:
         )
         if latest is not None:
             self._resume(latest)
+        self._reference_dir()  # fail at start on a reference version without a checkpoint
 
     def _with_adapter(self, model, checkpoint: Path | None):
         from peft import LoraConfig, PeftModel, get_peft_model
@@ -149,7 +168,7 @@ class TrainingExecutor:
         import torch
 
         self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location=self._device()))
-        self.state = TrainState(**json.loads((checkpoint / "state.json").read_text()))
+        self.state = TrainState.from_json(json.loads((checkpoint / "state.json").read_text()))
         log.info("executor: resumed %s at step %d", self.state.policy_version, self.state.step)
 
     def latest_checkpoint(self) -> Path | None:
@@ -164,7 +183,11 @@ class TrainingExecutor:
     def encode_row(self, row: dict[str, Any], completion_key: str | None = None) -> Encoded:
         """A row (pre-tokenized, `messages`, or `prompt` + completion) as ids, labels and step ids."""
         if "input_ids" in row:
-            return Encoded(list(row["input_ids"]), list(row["labels"]), list(row.get("step_ids") or []))
+            ids = list(row["input_ids"])
+            steps = list(row.get("step_ids") or [-1] * len(ids))
+            return Encoded(
+                ids, list(row["labels"]), steps, list(row.get("behaviour_logprobs") or [None] * len(ids))
+            )
         tools = row.get("tools") or None
         if "messages" in row:
             messages = _clean(row["messages"])
@@ -176,9 +199,8 @@ class TrainingExecutor:
             kw = {"step_tokens": row["step_token_ids"], "step_logprobs": row["step_logprobs"]}
         return encode_messages(self.tokenizer, prompt + completion, tools, train_from=len(prompt), **kw)
 
-    def _collate(
-        self, encoded: list[Encoded], extra: list[list[float]] | None = None, keep_end: bool = False
-    ):
+    def _collate(self, encoded: list[Encoded], *extras: list[list[float]], keep_end: bool = False):
+        """(ids, labels, attention, [one float tensor per extra]), padded; extras pad with 0."""
         import torch
 
         limit = self.config.max_length
@@ -189,20 +211,15 @@ class TrainingExecutor:
         ids = torch.full((len(rows), width), pad, dtype=torch.long)
         labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
-        values = torch.zeros((len(rows), width)) if extra is not None else None
+        values = [torch.zeros((len(rows), width)) for _ in extras]
         for i, (row_ids, row_labels) in enumerate(rows):
             ids[i, : len(row_ids)] = torch.tensor(row_ids)
             labels[i, : len(row_ids)] = torch.tensor(row_labels)
             attention[i, : len(row_ids)] = 1
-            if values is not None:
-                values[i, : len(row_ids)] = torch.tensor(cut(extra[i]), dtype=torch.float32)
+            for tensor, extra in zip(values, extras, strict=True):
+                tensor[i, : len(row_ids)] = torch.tensor(cut(extra[i]), dtype=torch.float32)
         device = self._device()
-        return (
-            ids.to(device),
-            labels.to(device),
-            attention.to(device),
-            (None if values is None else values.to(device)),
-        )
+        return ids.to(device), labels.to(device), attention.to(device), [v.to(device) for v in values]
 
     def _logits(self, ids, attention, model=None):
         return (model or self.model)(input_ids=ids, attention_mask=attention).logits
@@ -217,21 +234,50 @@ class TrainingExecutor:
                 step_weights(e.steps or [-1] * len(e.input_ids), r.get("step_rewards"))
                 for e, r in zip(encoded, rows, strict=True)
             ]
-        ids, labels, attention, w = self._collate(encoded, weights)
-        return sft_loss(self._logits(ids, attention), labels, w), int(attention.sum())
+        ids, labels, attention, w = self._collate(encoded, *([weights] if weights else []))
+        return sft_loss(self._logits(ids, attention), labels, w[0] if w else None), int(attention.sum())
 
-    def _reference_logps(self, ids, labels, attention):
+    # --- the reference policy ------------------------------------------------------------------
+
+    def _reference_dir(self) -> Path | None:
+        """The checkpoint of `--reference vN` (its adapter or model directory); None for base."""
+        if self.config.reference == "base":
+            return None
+        path = self.ckpt_root / self.config.reference
+        for sub in ("adapter", "model"):
+            if (path / sub).is_dir():
+                return path / sub
+        raise TrainerError(
+            f"--reference: no checkpoint for {self.config.reference!r} "
+            f"(expected {path / 'adapter'} or {path / 'model'}); give base or a trained version"
+        )
+
+    def _reference_model(self):
+        """The frozen reference model, loaded once: base weights from disk, or a named version."""
+        if self._ref_model is None:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            path = self._reference_dir()
+            source = path if path is not None and path.name == "model" else self.base_path()
+            dtype = torch.bfloat16 if self._device().type == "cuda" else torch.float32
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+            if path is not None and path.name == "adapter":
+                from peft import PeftModel
+
+                model = PeftModel.from_pretrained(model, path).merge_and_unload()
+            self._ref_model = model.to(self._device()).eval().requires_grad_(False)
+        return self._ref_model
+
+    def _reference_token_logps(self, ids, labels, attention):
+        """Per-token logprobs under the reference, no grad ([batch, seq-1], 0 off the labels)."""
         import torch
 
         with torch.no_grad():
-            if self.config.lora:
+            if self.config.lora and self.config.reference == "base":
                 with self.model.disable_adapter():
-                    return sequence_logps(self._logits(ids, attention), labels)
-            if self._ref_model is None:
-                import copy
-
-                self._ref_model = copy.deepcopy(self.model).eval()
-            return sequence_logps(self._logits(ids, attention, self._ref_model), labels)
+                    return token_logprobs(self._logits(ids, attention), labels)[0]
+            return token_logprobs(self._logits(ids, attention, self._reference_model()), labels)[0]
 
     def _dpo_micro(self, rows: list[dict[str, Any]]):
         import torch
@@ -240,8 +286,8 @@ class TrainingExecutor:
             self.encode_row(r, "rejected") for r in rows
         ]
         ids, labels, attention, _ = self._collate(encoded, keep_end=True)
-        ref = self._reference_logps(ids, labels, attention)
-        policy = sequence_logps(self._logits(ids, attention), labels)
+        ref = self._reference_token_logps(ids, labels, attention).sum(-1)
+        policy = token_logprobs(self._logits(ids, attention), labels)[0].sum(-1)
         n = len(rows)
         loss = dpo_loss(policy[:n], policy[n:], ref[:n], ref[n:], self.config.beta)
         with torch.no_grad():
@@ -256,52 +302,36 @@ class TrainingExecutor:
             advantages.append([
                 per_step[s] if per_step and 0 <= s < len(per_step) else float(r["advantage"]) for s in e.steps
             ])  # fmt: skip
-        ids, labels, attention, adv = self._collate(encoded, advantages)
-        old = None
-        if all(
-            lp is not None
-            for e in encoded
-            for lp, lab in zip(e.logprobs, e.labels, strict=True)
-            if lab != IGNORE_INDEX
-        ):
-            old_values = [[lp if lp is not None else 0.0 for lp in e.logprobs] for e in encoded]
-            _, _, _, old = self._collate(encoded, old_values)
-            old = old[:, 1:]
-        return ids, labels, attention, adv[:, 1:], old
+        behaviour = [[math.nan if lp is None else lp for lp in e.logprobs] for e in encoded]
+        ids, labels, attention, (adv, lps) = self._collate(encoded, advantages, behaviour)
+        return ids, labels, attention, adv[:, 1:], lps[:, 1:]  # aligned with token_logprobs
 
     # --- training ------------------------------------------------------------------------------
 
     def train_rows(self, rows: list[dict[str, Any]], method: str) -> dict[str, float]:
-        """Train `epochs` passes over `rows` with one method; returns metrics (loss of the last pass)."""
-        import torch
-
+        """Train `epochs` passes over `rows` with one method; returns metrics (loss of the last pass;
+        for GRPO the importance-weight, clip and KL figures too)."""
+        if method not in ("sft", "dpo", "grpo"):
+            raise TrainerError(f"--method: expected sft, dpo or grpo, got {method!r}")
         if not rows:
             raise TrainerError(f"batch: no rows to train on with method {method!r}")
         size = self.config.micro_batch_size
         micro = [rows[i : i + size] for i in range(0, len(rows), size)]
-        tokens, losses, start, extra, first = 0, [], time.perf_counter(), {}, None
-        grpo_old = {}
+        start, first, tokens = time.perf_counter(), None, 0
+        prepared, is_parts = [], []
         if method == "grpo":
-            grpo_old = {i: self._grpo_old(m) for i, m in enumerate(micro)}
+            prepared, is_parts = zip(*(self._grpo_prepare(m) for m in micro), strict=True)
         for _ in range(self.config.epochs):
-            losses = []
+            losses, sums, steps = [], {}, []
             for i, chunk in enumerate(micro):
-                if method == "sft":
-                    loss, n = self._sft_micro(chunk)
-                elif method == "dpo":
-                    loss, n, extra = self._dpo_micro(chunk)
-                elif method == "grpo":
-                    loss, n = self._grpo_micro(*grpo_old[i])
-                else:
-                    raise TrainerError(f"--method: expected sft, dpo or grpo, got {method!r}")
+                loss, n, extra = self._micro_loss(method, chunk, prepared[i] if prepared else None)
                 (loss / self.config.gradient_accumulation_steps).backward()
                 tokens += n
                 losses.append(float(loss.detach()))
+                for key, value in extra.items():
+                    sums[key] = sums.get(key, 0.0) + value
                 if (i + 1) % self.config.gradient_accumulation_steps == 0 or i == len(micro) - 1:
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
-                    self.optimizer.step()
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.state.step += 1
+                    steps.append(self._optimizer_step())
             first = sum(losses) / len(losses) if first is None else first
         elapsed = time.perf_counter() - start
         return {
@@ -309,50 +339,110 @@ class TrainingExecutor:
             "loss_first_epoch": first,
             "tokens": float(tokens),
             "tokens_per_s": tokens / elapsed,
-            **extra,
+            "lr": steps[-1][0],
+            "grad_norm": sum(g for _, g in steps) / len(steps),
+            **epoch_metrics(method, sums, is_parts),
         }
 
-    def _grpo_old(self, rows):
+    def _micro_loss(self, method: str, chunk: list[dict[str, Any]], prepared):
+        if method == "sft":
+            return (*self._sft_micro(chunk), {})
+        if method == "dpo":
+            loss, n, extra = self._dpo_micro(chunk)
+            return loss, n, {"reward_margin": extra["reward_margin"], "pairs": 1.0}
+        return self._grpo_micro(*prepared)
+
+    def _optimizer_step(self) -> tuple[float, float]:
+        """Clip, set this step's learning rate, step; returns (lr, grad norm before clipping)."""
         import torch
 
-        ids, labels, attention, adv, old = self._grpo_tensors(rows)
-        if old is None:
-            with torch.no_grad():
-                old, _ = token_logprobs(self._logits(ids, attention), labels)
-        return ids, labels, attention, adv, old.detach()
+        c = self.config
+        lr = learning_rate_at(
+            self.state.step, c.learning_rate, c.warmup_steps, c.lr_schedule, c.schedule_steps, c.min_lr_ratio
+        )
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step += 1
+        return lr, float(norm)
 
-    def _grpo_micro(self, ids, labels, attention, adv, old):
+    def _grpo_prepare(self, rows):
+        """A micro batch's tensors and what stays fixed over the epochs: old logprobs (the weights
+        before the update, no_grad), the TIS weights, the reference logprobs; plus IS statistics."""
+        import torch
+
+        ids, labels, attention, adv, behaviour = self._grpo_tensors(rows)
+        with torch.no_grad():
+            old, mask = token_logprobs(self._logits(ids, attention), labels)
+        has = mask & ~torch.isnan(behaviour)
+        truncation = self.config.is_truncation if self.config.is_correction == "tis" else None
+        weight, ratio = tis_weights(old, torch.nan_to_num(behaviour), has, truncation)
+        ref = self._reference_token_logps(ids, labels, attention) if self.config.kl_beta else None
+        stats = importance_sums(ratio, weight, has, truncation)
+        return (ids, labels, attention, adv, old.detach(), weight, ref), stats
+
+    def _grpo_micro(self, ids, labels, attention, adv, old, weight, ref):
         logps, mask = token_logprobs(self._logits(ids, attention), labels)
-        ref = None
-        if self.config.kl_beta and self.config.lora:
-            import torch
+        loss, stats = grpo_loss(
+            logps, old, adv, mask, self.config.clip_epsilon, ref, self.config.kl_beta, weight
+        )
+        extra = {
+            "trainable": float(mask.sum()),
+            "clipped": float(stats["clipped"].sum()),
+            "kl": float(stats["kl"].sum()),
+        }
+        return loss, int(attention.sum()), extra
 
-            with torch.no_grad(), self.model.disable_adapter():
-                ref, _ = token_logprobs(self._logits(ids, attention), labels)
-        loss = grpo_loss(logps, old, adv, mask, self.config.clip_epsilon, ref, self.config.kl_beta)
-        return loss, int(attention.sum())
+    def _admit(self, rows: list[dict[str, Any]]) -> Admission:
+        admission = admit_groups(rows, self.state.policy_version, self.config.max_staleness)
+        for version in set(admission.unknown_versions) - self._warned_versions:
+            self._warned_versions.add(version)
+            log.warning("executor: behaviour version %r has no number; its groups count as fresh", version)
+        return admission
 
-    def train_batch(self, rows: list[dict[str, Any]], method: str, batch_id: str) -> PolicyUpdated:
-        """Train on one batch, checkpoint, and return the `policy.updated` event to publish."""
-        metrics = self.train_rows(rows, method)
+    def train_batch(
+        self, rows: list[dict[str, Any]], method: str, batch_id: str, *, source_ranges: dict | None = None
+    ) -> PolicyUpdated | None:
+        """Train on one batch, checkpoint, and return the `policy.updated` event to publish; None
+        (no version) when GRPO admitted no group (all too stale): the batch is recorded as done."""
+        admission = self._admit(rows) if method == "grpo" else None
+        if admission is not None and not admission.rows:
+            return self._drop_batch(batch_id, admission)
+        metrics = self.train_rows(admission.rows if admission else rows, method)
+        dropped = (admission.dropped_groups if admission else 0) + self.state.pending_dropped
+        metrics["dropped_groups"] = float(dropped)
+        metrics["trained_groups"] = float(admission.trained_groups if admission else 0)
         previous = self.state.policy_version
-        self.state.policy_version = f"v{len(self.state.batches) + 1}"
+        self.state.versions += 1
+        self.state.policy_version = f"v{self.state.versions}"
         self.state.batches.append(batch_id)
-        event = self.policy_event(previous, method, [batch_id], metrics)
+        self.state.pending_dropped = 0
+        lineage = lineage_fields(admission.rows if admission else rows, admission)
+        lineage |= {"source_ranges": source_ranges or {}, "dropped_groups": dropped}
+        event = self.policy_event(previous, method, [batch_id], metrics, **lineage)
         self.state.last_event = json.loads(event.model_dump_json())
         self.save_checkpoint()
         log.info(
-            "executor: %s on %s -> %s (loss %.4f)",
-            method,
-            batch_id,
-            self.state.policy_version,
-            metrics["loss"],
-        )
+            "executor: %s on %s -> %s (loss %.4f, %d groups dropped)",
+            method, batch_id, self.state.policy_version, metrics["loss"], dropped,
+        )  # fmt: skip
         return event
 
+    def _drop_batch(self, batch_id: str, admission: Admission) -> None:
+        self.state.batches.append(batch_id)
+        self.state.pending_dropped += admission.dropped_groups
+        self.save_state()
+        log.warning(
+            "executor: %s: all %d groups over --max-staleness %d behind %s; dropped, no new version",
+            batch_id, admission.dropped_groups, self.config.max_staleness, self.state.policy_version,
+        )  # fmt: skip
+
     def policy_event(
-        self, previous, method: str, batch_ids: list[str], metrics: dict[str, float]
+        self, previous, method: str, batch_ids: list[str], metrics: dict[str, float], **lineage: Any
     ) -> PolicyUpdated:
+        """The event of the current version; `lineage` fills PolicyUpdated's lineage fields."""
         version = self.state.policy_version
         return PolicyUpdated(
             event_id=derived_event_id("policy.updated", version, *batch_ids),
@@ -367,7 +457,14 @@ class TrainingExecutor:
             step=self.state.step,
             batch_ids=batch_ids,
             metrics=metrics,
+            **lineage,
         )
+
+    def save_state(self) -> None:
+        """Rewrite the current version's `state.json` (weights unchanged: a dropped batch)."""
+        path = self.ckpt_root / str(self.state.policy_version)
+        if self.state.policy_version is not None and path.is_dir():
+            atomic_write(path / "state.json", json.dumps(asdict(self.state), indent=2).encode())
 
     def save_checkpoint(self) -> Path:
         import torch
