@@ -32,7 +32,7 @@ def _serve(url: str, port: int, log) -> Proc:
 def test_migrate_is_idempotent_and_sql_formats(clickhouse_url, tmp_path):
     if chdb_path(clickhouse_url) is None:
         pytest.skip("embedded-only: serving a chDB path (the docker ClickHouse is a server already)")
-    assert "applied migrations: 0001, 0002, 0003, 0004" in _cli(
+    assert "applied migrations: 0001, 0002, 0003, 0004, 0005" in _cli(
         "db", "migrate", "--clickhouse-url", clickhouse_url
     )
     assert "schema up to date" in _cli(
