@@ -26,7 +26,8 @@ def demo_command(args) -> int:
     if data_dir.exists() and not args.keep:
         shutil.rmtree(data_dir)
     # The demo's GRPO groups are `group_size` rollouts of one task; the trainer flushes every 2 s.
-    trainer_args = ("--group-size", str(args.group_size), "--flush-interval-s", "2")
+    # Its simulated agents record no token ids: GRPO rows are re-tokenised messages (--retokenize).
+    trainer_args = ("--group-size", str(args.group_size), "--flush-interval-s", "2", "--retokenize")
     config = embedded_config(data_dir, trainer_args=trainer_args)
     supervisor = StackSupervisor(config, on_event=lambda message: output.say(f"[demo] {message}"))
     output.say(f"[demo] starting the embedded stack in {data_dir} (broker on {config.bootstrap_servers})")

@@ -212,9 +212,11 @@ class RecorderWrapper(EnvWrapper):
         task_id: str | None = None,
         group_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        policy_version: str | None = None,
     ):
         super().__init__(env)
         self.recorder = recorder
+        self.policy_version = policy_version  # None: the recorder's
         self.task_id = task_id
         self.group_id = group_id
         self.metadata = dict(metadata or {})
@@ -233,14 +235,21 @@ class RecorderWrapper(EnvWrapper):
             domain=self.domain,
             group_id=self.group_id,
             metadata=metadata,
+            policy_version=self.policy_version,
         )
         return ts
 
-    def step(self, action: Action) -> TimeStep:
+    def step(self, action: Action, step_fields: dict[str, Any] | None = None) -> TimeStep:
+        """One env step, recorded. `step_fields`: what the policy reported for the completion that
+        chose `action` (token ids, logprobs, prompt delta, continuity, policy_version...; the policy
+        server's client-records `agentstream` object), recorded in the same `step.recorded`; None
+        values are left out, `step_index` is the episode's own and latency adds to the env's."""
         if self.episode is None:
             raise EnvError("step() before reset(): there is no episode to record")
         started = time.perf_counter()
         ts = self.env.step(action)
+        extra = {k: v for k, v in (step_fields or {}).items() if v is not None and k != "step_index"}
+        latency_ms = (time.perf_counter() - started) * 1000 + (extra.pop("latency_ms", None) or 0.0)
         self.episode.step(
             thought=action.get("thought") or "",
             tool=str(action.get("tool") or ""),
@@ -249,7 +258,8 @@ class RecorderWrapper(EnvWrapper):
             exit_code=ts.info.get("exit_code"),
             error=ts.info.get("error"),
             reward=ts.reward,
-            latency_ms=(time.perf_counter() - started) * 1000,
+            latency_ms=latency_ms,
+            **extra,
         )
         if ts.done:
             self._end(terminated=ts.terminated, truncated=ts.truncated)

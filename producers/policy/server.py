@@ -6,7 +6,13 @@ Endpoints:
 - `POST /v1/episodes/{trajectory_id}/chat/completions`: the same, recorded as the next
   `step.recorded` of that episode (or name it with the header `X-Agentstream-Trajectory`); the
   server counts the episode's steps, or the client gives the index (`X-Agentstream-Step-Index`,
-  which also survives a server restart).
+  which also survives a server restart). With the header `X-Agentstream-Record: client` the
+  server keeps the episode's token context but does not publish the step: the body gets an
+  `agentstream` object with the fields it would have recorded (`token_ids`, `logprobs`,
+  `prompt_token_ids`, `prompt_delta_start`, `token_continuity`, `token_continuity_break`,
+  `token_rl_eligible`, `sampling`, `tokenizer_hash`, `policy_version`, `finish_reason`,
+  `tool_call_malformed`, `input_tokens`, `output_tokens`, `latency_ms`, `step_index`), and the client
+  records them with the observation in one `step.recorded` (the rollout driver does).
 - `POST /v1/completions` with `prompt` as a list of token ids: token in, token out (`token_ids`,
   `prompt_token_ids` and logprobs per choice, as vLLM returns them); what a recording proxy in
   front of this server calls. Not recorded.
@@ -36,6 +42,7 @@ log = logging.getLogger(__name__)
 VERSION_HEADER = "x-agentstream-policy-version"
 TRAJECTORY_HEADER = "X-Agentstream-Trajectory"
 STEP_HEADER = "X-Agentstream-Step-Index"
+RECORD_HEADER = "X-Agentstream-Record"
 
 
 def create_app(config: PolicyConfig, service):
@@ -100,9 +107,10 @@ async def _chat(request):
     chat = parse_chat(body, service.models())
     trajectory_id = request.match_info.get("trajectory_id") or request.headers.get(TRAJECTORY_HEADER)
     step_index = _step_index(request.headers.get(STEP_HEADER))
+    client_records = _client_records(request.headers.get(RECORD_HEADER))
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(
-        request.app["pool"], service.complete, chat, trajectory_id, step_index
+        request.app["pool"], service.complete, chat, trajectory_id, step_index, client_records
     )
     return _json(200, result.body, result.policy_version)
 
@@ -113,6 +121,14 @@ def _step_index(value: str | None) -> int | None:
     if not value.isdigit():
         raise ApiError(400, f"{STEP_HEADER}: expected a step index (0, 1, ...), got {value!r}", STEP_HEADER)
     return int(value)
+
+
+def _client_records(value: str | None) -> bool:
+    if value is None or value == "server":
+        return False
+    if value != "client":
+        raise ApiError(400, f"{RECORD_HEADER}: expected client or server, got {value!r}", RECORD_HEADER)
+    return True
 
 
 async def _completions(request):

@@ -4,7 +4,9 @@
 engine serving at that moment (so one response never mixes versions, even while a reload swaps
 the engine), builds the prompt token-in (producers/policy/turns.py), samples, parses tool calls,
 records the step through the SDK's no-loss delivery (spooled when the broker is down) and returns
-the OpenAI response body with its `policy_version`.
+the OpenAI response body with its `policy_version`. With `client_records=True` the step is not
+published: the same `step_event` fields go back in the body's `agentstream` object (`client_fields`)
+for the caller to record with its observation.
 """
 
 from __future__ import annotations
@@ -56,11 +58,16 @@ class PolicyService:
         return {self._engine.model_name, "policy"}
 
     def complete(
-        self, request: ChatRequest, trajectory_id: str | None, step_index: int | None = None
+        self,
+        request: ChatRequest,
+        trajectory_id: str | None,
+        step_index: int | None = None,
+        client_records: bool = False,
     ) -> Completion:
         """One completion (see the module docstring); blocking: run it in a worker thread.
         `step_index`: the client's own count of the episode's steps (kept across a server restart),
-        else the server counts the episode's turns from 0."""
+        else the server counts the episode's turns from 0. `client_records`: return the step's
+        fields in the body's `agentstream` object instead of publishing them."""
         engine = self._engine  # one version for the whole response
         if trajectory_id is None:
             prompt = build_prompt(engine, request.messages, request.tools, [])
@@ -75,14 +82,15 @@ class PolicyService:
             step_index = state.next_step if step_index is None else step_index
             state.next_step = step_index + 1
             state.contexts = [[*prompt.token_ids, *s.token_ids] for s in samples]
+        event = step_event(engine, request, prompt, samples, trajectory_id, step_index, latency_ms)
+        body = response_body(engine, request, prompt, samples)
         recorded = False
-        if self.recorder is not None:
-            event = step_event(engine, request, prompt, samples, trajectory_id, step_index, latency_ms)
+        if client_records:
+            body["agentstream"] = client_fields(event)
+        elif self.recorder is not None:
             self.recorder.publish(event)
             recorded = True
-        return Completion(
-            response_body(engine, request, prompt, samples), version_of(engine, samples), recorded
-        )
+        return Completion(body, version_of(engine, samples), recorded)
 
     def complete_tokens(self, request: TokenRequest) -> Completion:
         """`/v1/completions`, token in and token out (what the recording proxy calls upstream);
@@ -171,6 +179,31 @@ def step_event(
         tool_call_malformed=parsed.malformed,
         samples=[_sample_dict(s) for s in samples[1:]] or None,
     )
+
+
+CLIENT_FIELDS = (
+    "token_ids",
+    "logprobs",
+    "prompt_token_ids",
+    "prompt_delta_start",
+    "token_continuity",
+    "token_continuity_break",
+    "token_rl_eligible",
+    "sampling",
+    "tokenizer_hash",
+    "policy_version",
+    "finish_reason",
+    "tool_call_malformed",
+    "input_tokens",
+    "output_tokens",
+    "latency_ms",
+    "step_index",
+)
+
+
+def client_fields(event: StepRecorded) -> dict:
+    """What the server would have recorded, for a client that records the step itself."""
+    return {name: getattr(event, name) for name in CLIENT_FIELDS}
 
 
 def _sample_dict(sample) -> dict:

@@ -7,8 +7,13 @@ success decided by the env's verifier), then ask the policy for an action per tu
 offered as OpenAI tools), step the env with it, and give the observation back as the tool's answer.
 A reply without a tool call is the final answer: it goes to the env's terminal tool.
 
-Steps are recorded once, by the SDK in the env wrapper (the policy is called on its plain route, so
-the policy server does not record them a second time). By default the task set is run once;
+Steps are recorded once, by the SDK in the env wrapper. The policy is asked in client-records mode
+(headers `X-Agentstream-Trajectory`, `X-Agentstream-Step-Index`, `X-Agentstream-Record: client`):
+our policy server keeps the episode's token context but does not publish the step; it returns the
+step's token fields (token ids, logprobs, prompt delta, continuity, policy_version) in the reply's
+`agentstream` object, and the wrapper records them with the observation in one `step.recorded`.
+Another OpenAI-compatible endpoint ignores the headers: its steps are recorded without token ids.
+By default the task set is run once;
 `forever` keeps sampling (what the training loop needs).
 
 Training-loop controls (both off by default, both need the broker): `horizon` is a ScalingInter-RL
@@ -35,6 +40,8 @@ from producers.rollout.backpressure import BackpressureGate, TopicBacklog
 from producers.rollout.horizon import PolicyProgress, parse_horizon
 
 log = logging.getLogger(__name__)
+
+VERSION_HEADER = "x-agentstream-policy-version"  # the policy server's; producers/policy/server.py
 
 SYSTEM_PROMPT = "You are an agent. Use the tools to solve the task; call `{terminal}` with your final answer."
 
@@ -133,7 +140,13 @@ def run_episode(
     terminal = sorted(inner.terminal_tools)[0]
     horizon = config.turn_limit(progress)
     metadata = {"horizon": horizon, "max_turns": config.max_turns, "training_step": progress}
-    env = RecorderWrapper(MaxStepsWrapper(inner, horizon), recorder, group_id=group_id, metadata=metadata)
+    env = RecorderWrapper(
+        MaxStepsWrapper(inner, horizon),
+        recorder,
+        group_id=group_id,
+        metadata=metadata,
+        policy_version=serving_version(client),
+    )
     with env:
         ts = env.reset(task=task.reset_task, seed=seed)
         trajectory_id = env.episode.trajectory_id
@@ -143,13 +156,40 @@ def run_episode(
         ]
         turns = 0
         while not ts.done:
-            ts = _turn(client, config, env, messages, terminal, seed + turns)
+            ts = _turn(client, config, env, messages, terminal, seed + turns, turns)
             turns += 1
         success = bool(inner.verify())
         return EpisodeResult(task.task_id, group_id, trajectory_id, success, turns, ts.truncated, horizon)
 
 
-def _turn(client, config: RolloutConfig, env, messages: list[dict], terminal: str, seed: int) -> TimeStep:
+def serving_version(client) -> str | None:
+    """The policy version the endpoint serves now (our server's header on `/models`), else None."""
+    try:
+        raw = client.models.with_raw_response.list()
+    except Exception as exc:  # an endpoint without /models still serves completions
+        log.debug("policy endpoint: no /models (%s); episode policy_version left to the recorder", exc)
+        return None
+    return raw.headers.get(VERSION_HEADER) or None
+
+
+def client_record_headers(trajectory_id: str, step_index: int) -> dict[str, str]:
+    """Headers asking our policy server for the step's token fields instead of recording it."""
+    return {
+        "X-Agentstream-Trajectory": trajectory_id,
+        "X-Agentstream-Step-Index": str(step_index),
+        "X-Agentstream-Record": "client",
+    }
+
+
+def recorded_fields(reply) -> dict[str, Any] | None:
+    """The reply's `agentstream` object (our policy server), None from another endpoint."""
+    fields = (getattr(reply, "model_extra", None) or {}).get("agentstream")
+    return fields if isinstance(fields, dict) else None
+
+
+def _turn(
+    client, config: RolloutConfig, env, messages: list[dict], terminal: str, seed: int, step_index: int
+) -> TimeStep:
     reply = client.chat.completions.create(
         model=config.model,
         messages=messages,
@@ -157,10 +197,11 @@ def _turn(client, config: RolloutConfig, env, messages: list[dict], terminal: st
         max_tokens=config.max_tokens,
         temperature=config.temperature,
         seed=seed,
+        extra_headers=client_record_headers(env.episode.trajectory_id, step_index),
     )
     choice = reply.choices[0]
     action, call_id = action_from(choice, terminal)
-    ts = env.step(action)
+    ts = env.step(action, recorded_fields(reply))
     assistant: dict[str, Any] = {"role": "assistant", "content": choice.message.content or ""}
     if call_id is not None:
         assistant["tool_calls"] = [call.model_dump() for call in choice.message.tool_calls[:1]]

@@ -75,6 +75,9 @@ STEP_FIELDS = (
     "token_ids",
     "logprobs",
     "policy_version",
+    "prompt_token_ids",
+    "prompt_delta_start",
+    "token_continuity",
 )
 STARTED_FIELDS = (
     "task_id",
@@ -158,7 +161,7 @@ class Assembly:
     def _step(self, e: StepRecorded, _mode) -> bool:
         if e.step_index in self.steps:
             return False
-        self.steps[e.step_index] = {k: getattr(e, k) for k in STEP_FIELDS}
+        self.steps[e.step_index] = {k: getattr(e, k) for k in STEP_FIELDS} | {"event_id": e.event_id}
         return True
 
     def _ended(self, e: EpisodeEnded, _mode) -> bool:

@@ -9,6 +9,11 @@
   A step without a process score contributes p = 0 (absent, not neutral).
 - Staleness: trajectories whose policy version lags the current one by more than `max_policy_lag`
   are not admitted (`is_fresh`).
+- Token rows: a trajectory whose every step carries the token ids the policy server recorded
+  (completion ids + logprobs, prompt delta) becomes a row of `input_ids`, `labels`, `step_ids`,
+  `behaviour_logprobs` (consumers/trainer/token_rows.py), no re-tokenisation; broken steps are not
+  trained. A trajectory without token ids is left to SFT/DPO unless `retokenize` (message rows,
+  re-tokenised by the trainer: not token-faithful). A trajectory with no trainable token gives no row.
 - No horizon cut here: the ScalingInter-RL horizon is enforced by the rollout driver while the
   episode runs (`agentstream rollout --horizon`), so a row keeps every step of its trajectory and the
   reward is judged on what the agent did.
@@ -30,6 +35,7 @@ from consumers.trainer.chat import (
     step_messages,
     tool_schemas,
 )
+from consumers.trainer.token_rows import has_tokens, replay
 from schemas.events import TrajectoryScored
 
 
@@ -52,6 +58,13 @@ class GRPOGroupConfig:
     """lambda of the `mixed` step advantage."""
     max_policy_lag: int | None = field(
         default=None, metadata={"help": "GRPO: drop trajectories more than N policy versions old"}
+    )
+    retokenize: bool = field(
+        default=False,
+        metadata={
+            "help": "GRPO also on trajectories without recorded token ids, re-tokenised "
+            "(not token-faithful; for logs)"
+        },
     )
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     include_tools: bool = True
@@ -162,6 +175,7 @@ class GRPOGroupBuilder:
             bool(trajectory.steps)
             and reward_of(trajectory) is not None
             and is_fresh(trajectory, current_policy, self.config)
+            and (self.config.retokenize or has_tokens(ordered_steps(trajectory)))
         )
 
     def build(self, group: list[TrajectoryScored], *, complete: bool = True) -> list[dict[str, Any]]:
@@ -173,27 +187,67 @@ class GRPOGroupBuilder:
             return []
         advantages = group_advantages(rewards, self.config)
         steps_adv = step_advantages(group, advantages, self.config)
-        return [
+        rows = [
             self._row(t, advantages[i], steps_adv[i] if steps_adv else None, len(group), complete)
             for i, t in enumerate(group)
         ]
+        return [row for row in rows if row is not None]
 
-    def _row(self, t: TrajectoryScored, advantage, step_adv, size, complete) -> dict[str, Any]:
+    def _row(self, t: TrajectoryScored, advantage, step_adv, size, complete) -> dict[str, Any] | None:
         kept = ordered_steps(t)
+        body = token_row(t) if has_tokens(kept) else None
+        if body is None and not self.config.retokenize:
+            return None
+        if body is None and has_tokens(kept):
+            return None  # recorded tokens with nothing trainable: never re-tokenise those
+        if body is None:
+            body = self._message_row(t, kept)
+        return (
+            body
+            | lineage(t)
+            | {
+                "group_id": t.group_id or "",
+                "group_size": size,
+                "group_complete": complete,
+                "advantage": advantage,
+                "step_advantages": step_adv,
+                "step_event_ids": [s.event_id for s in kept],
+            }
+        )
+
+    def _message_row(self, t: TrajectoryScored, kept) -> dict[str, Any]:
+        """The re-tokenised row (`retokenize`): messages the trainer renders with its template."""
         row: dict[str, Any] = {
             "prompt": prompt_messages(t, self.config.system_prompt),
             "completion": [m for s in kept for m in step_messages(s)],
         }
         if self.config.include_tools:
             row["tools"] = tool_schemas([t])
-        row |= lineage(t) | {
-            "group_id": t.group_id or "",
-            "group_size": size,
-            "group_complete": complete,
-            "advantage": advantage,
-            "step_advantages": step_adv,
-        }
-        if all(s.token_ids is not None for s in kept):
+        if all(s.token_ids is not None for s in kept):  # completion ids without the prompt deltas
             row["step_token_ids"] = [s.token_ids for s in kept]
             row["step_logprobs"] = [s.logprobs for s in kept] if all(s.logprobs for s in kept) else None
         return row
+
+
+def behaviour_version(t: TrajectoryScored) -> int:
+    """The oldest policy that sampled a step, by number ("base" / unknown = 0); a step without its
+    own version has the trajectory's.
+
+    >>> from schemas.events import ScoredStep
+    >>> t = TrajectoryScored(event_id="e", trajectory_id="t", occurred_at="2026-01-01T00:00:00Z",
+    ...     producer="p", task_id="k", policy_version="v3",
+    ...     steps=[ScoredStep(step_index=0, policy_version="v2"), ScoredStep(step_index=1)])
+    >>> behaviour_version(t)
+    2
+    """
+    versions = [s.policy_version or t.policy_version for s in t.steps] or [t.policy_version]
+    return min(policy_number(v) or 0 for v in versions)
+
+
+def token_row(t: TrajectoryScored) -> dict[str, Any] | None:
+    """The token-faithful part of a row from the recorded token ids; None when nothing is trainable
+    (every step broken) or the record does not replay."""
+    seq = replay(ordered_steps(t))
+    if seq is None or seq.trainable() == 0:
+        return None
+    return seq.as_dict() | {"behaviour_version": behaviour_version(t)}

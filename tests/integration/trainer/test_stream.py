@@ -56,7 +56,7 @@ def _read_all(bootstrap, topic):
 def _trainer(broker, data_dir, log_name):
     args = [*AGENTSTREAM, "trainer", "--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir)]
     args += ["--kinds", "sft,dpo,dpo_step,grpo", "--batch-trajectories", "40", "--flush-interval-s", "0.3"]
-    args += ["--group-size", str(GROUP), "--group-timeout-s", "600", "--log-level", "INFO"]
+    args += ["--group-size", str(GROUP), "--group-timeout-s", "600", "--log-level", "INFO", "--retokenize"]
     return Proc(args, data_dir.parent / log_name)
 
 
@@ -229,6 +229,7 @@ def test_tokenized_parquet_batches_and_idle_exit(broker, data_dir):
         "parquet",
         "--idle-exit-s",
         "2",
+        "--retokenize",
     ]
     proc = Proc([*args, "--flush-interval-s", "0.2", "--max-length", "550"], data_dir.parent / "trainer.log")
     assert proc.popen.wait(timeout=120) == 0, proc.log_text()[-3000:]

@@ -124,7 +124,7 @@ def _direct_grpo(rewards, unbiased=True, eps=1e-6):
 
 
 def test_grpo_group_advantages_golden():
-    rows = GRPOGroupBuilder().build(golden_group())
+    rows = GRPOGroupBuilder(GRPOGroupConfig(retokenize=True)).build(golden_group())
     check_golden("golden_grpo", rows)
     rewards = [r["reward"] for r in rows]
     assert [r["advantage"] for r in rows] == pytest.approx(_direct_grpo(rewards))
@@ -136,9 +136,15 @@ def test_grpo_group_advantages_golden():
     ("config", "direct"),
     [
         (GRPOGroupConfig(), lambda r: _direct_grpo(r)),
-        (GRPOGroupConfig(std="population"), lambda r: _direct_grpo(r, unbiased=False)),
-        (GRPOGroupConfig(scale_rewards=False), lambda r: [x - statistics.fmean(r) for x in r]),
-        (GRPOGroupConfig(estimator="rloo"), lambda r: [x - (sum(r) - x) / (len(r) - 1) for x in r]),
+        (GRPOGroupConfig(retokenize=True, std="population"), lambda r: _direct_grpo(r, unbiased=False)),
+        (
+            GRPOGroupConfig(retokenize=True, scale_rewards=False),
+            lambda r: [x - statistics.fmean(r) for x in r],
+        ),
+        (
+            GRPOGroupConfig(retokenize=True, estimator="rloo"),
+            lambda r: [x - (sum(r) - x) / (len(r) - 1) for x in r],
+        ),
     ],
 )
 def test_advantage_estimators_match_formulas(config, direct):
@@ -150,12 +156,12 @@ def test_degenerate_groups():
     assert group_advantages([0.7]) == [0.0]  # a singleton never passes its raw reward
     assert group_advantages([0.5, 0.5, 0.5]) == [0.0, 0.0, 0.0]
     same = [scored(f"t{i}", "k", 0.5, [step("a", "bash", "o", cmd=str(i))]) for i in range(3)]
-    assert GRPOGroupBuilder(GRPOGroupConfig(drop_zero_std=True)).build(same) == []
+    assert GRPOGroupBuilder(GRPOGroupConfig(retokenize=True, drop_zero_std=True)).build(same) == []
 
 
 def test_step_advantages_process_return_matches_direct():
     group = sorted(golden_group(), key=lambda t: t.trajectory_id)
-    config = GRPOGroupConfig(step_advantage="process_return", gamma=0.9)
+    config = GRPOGroupConfig(retokenize=True, step_advantage="process_return", gamma=0.9)
     out = step_advantages(group, [0.0] * 4, config)
     returns = []
     for t in group:
@@ -171,7 +177,9 @@ def test_step_advantages_process_return_matches_direct():
 def test_step_advantages_mixed_adds_per_index_zscore():
     group = sorted(golden_group(), key=lambda t: t.trajectory_id)
     adv = group_advantages([t.total_reward for t in group])
-    out = step_advantages(group, adv, GRPOGroupConfig(step_advantage="mixed", step_weight=0.5))
+    out = step_advantages(
+        group, adv, GRPOGroupConfig(retokenize=True, step_advantage="mixed", step_weight=0.5)
+    )
     at1 = [t.steps[1].process_score for t in group]
     z1 = _direct_grpo(at1)
     assert [row[1] for row in out] == pytest.approx([a + 0.5 * z for a, z in zip(adv, z1, strict=True)])
@@ -201,7 +209,7 @@ def test_revision_replaces_pending_member():
 
 
 def test_staleness_and_no_after_the_fact_horizon():
-    config = GRPOGroupConfig(max_policy_lag=2)
+    config = GRPOGroupConfig(retokenize=True, max_policy_lag=2)
     t = golden_group()[0]
     assert is_fresh(t.model_copy(update={"policy_version": "v3"}), "v5", config)
     assert not is_fresh(t.model_copy(update={"policy_version": "v2"}), "v5", config)
@@ -216,7 +224,7 @@ def test_staleness_and_no_after_the_fact_horizon():
 def test_token_ids_and_logprobs_are_carried():
     s = step("a", "bash", "o", cmd="1") | {"token_ids": [5, 6], "logprobs": [-0.1, -0.2]}
     group = [scored("a", "k", 1.0, [s]), scored("b", "k", 0.0, [s | {"thought": "b"}])]
-    row = GRPOGroupBuilder().build(group)[0]
+    row = GRPOGroupBuilder(GRPOGroupConfig(retokenize=True)).build(group)[0]
     assert row["step_token_ids"] == [[5, 6]] and row["step_logprobs"] == [[-0.1, -0.2]]
 
 
@@ -234,13 +242,18 @@ def test_curriculum_and_dedup():
 
 
 def _planner(**kw) -> Planner:
-    return Planner(PlannerConfig(batch_trajectories=8, flush_interval_s=100, **kw))
+    return Planner(
+        PlannerConfig(
+            batch_trajectories=8, flush_interval_s=100, **({"grpo": GRPOGroupConfig(retokenize=True)} | kw)
+        )
+    )
 
 
 def test_planner_skips_already_batched_and_duplicates_and_holds_offsets():
     ts = synthetic(8)
     p = Planner(
-        PlannerConfig(batch_trajectories=100, flush_interval_s=100), known_ids={"sft": {ts[0].trajectory_id}}
+        PlannerConfig(batch_trajectories=100, flush_interval_s=100, grpo=GRPOGroupConfig(retokenize=True)),
+        known_ids={"sft": {ts[0].trajectory_id}},
     )
     for i, t in enumerate(ts):
         p.offer(t, Record("trajectory.scored", 0, i), now=0)
@@ -271,7 +284,7 @@ def test_planner_later_revision_wins_and_incomplete_is_skipped():
 
 
 def test_planner_applies_policy_lag_from_policy_updates_and_keeps_every_step():
-    config = GRPOGroupConfig(max_policy_lag=1)
+    config = GRPOGroupConfig(retokenize=True, max_policy_lag=1)
     groups = GroupConfig(group_size=2)
     p = Planner(PlannerConfig(kinds=("grpo",), batch_trajectories=2, grpo=config, groups=groups))
     p.policy_updated("v5", step=5)
