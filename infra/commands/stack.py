@@ -7,6 +7,19 @@ from infra.cli.options import add_option, command_parser
 
 
 def register(sub) -> None:
+    _register_up(sub)
+    status = command_parser(sub, "status", status_command, "per-stage lag, throughput, DLQ")
+    add_option(status, "--sample-seconds", type=float, default=1.0, help="throughput sampling window")
+
+    demo = command_parser(sub, "demo", demo_command, "run simulated agents through the whole loop")
+    add_option(
+        demo, "--episodes", type=int, default=144, help="episodes to run (tasks x policies x group size)"
+    )
+    add_option(demo, "--group-size", type=int, default=4, help="rollouts per task and policy (a GRPO group)")
+    add_option(demo, "--keep", action="store_true", default=False, help="keep the previous demo data")
+
+
+def _register_up(sub) -> None:
     up = command_parser(sub, "up", up_command, "start and supervise the embedded stack")
     add_option(up, "--broker-port", type=int, default=19092, help="embedded broker port")
     add_option(
@@ -49,16 +62,6 @@ def register(sub) -> None:
         help="embedded: our broker + chDB; docker: Kafka + ClickHouse containers via the Docker SDK; "
         "external: use --bootstrap-servers / --clickhouse-url as given",
     )
-
-    status = command_parser(sub, "status", status_command, "per-stage lag, throughput, DLQ")
-    add_option(status, "--sample-seconds", type=float, default=1.0, help="throughput sampling window")
-
-    demo = command_parser(sub, "demo", demo_command, "run simulated agents through the whole loop")
-    add_option(
-        demo, "--episodes", type=int, default=144, help="episodes to run (tasks x policies x group size)"
-    )
-    add_option(demo, "--group-size", type=int, default=4, help="rollouts per task and policy (a GRPO group)")
-    add_option(demo, "--keep", action="store_true", default=False, help="keep the previous demo data")
 
 
 def demo_command(args) -> int:
