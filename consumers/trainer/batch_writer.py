@@ -49,6 +49,8 @@ class BatchManifest:
     created_at: str
     sequence: int
     extra: dict[str, Any] = field(default_factory=dict)
+    source_ranges: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    """topic -> partition -> [first, last] offset of the records the batch was built from."""
 
     def event(self) -> BatchBuilt:
         """The `batch.built` event; its id depends only on the batch, so a re-publish is a duplicate."""
@@ -64,6 +66,7 @@ class BatchManifest:
             row_count=self.row_count,
             trajectory_ids=self.trajectory_ids,
             source_offsets=self.source_offsets,
+            source_ranges=self.source_ranges,
             reward_versions=self.reward_versions,
             calibration_versions=self.calibration_versions,
             policy_versions=self.policy_versions,

@@ -39,6 +39,17 @@ class Entry:
     digest: str
 
 
+def source_ranges(entries: list[Entry]) -> dict[str, dict[str, list[int]]]:
+    """topic -> partition -> [first, last] offset of the entries' records."""
+    ranges: dict[str, dict[str, list[int]]] = {}
+    for e in entries:
+        part = ranges.setdefault(e.source.topic, {})
+        key, offset = str(e.source.partition), e.source.offset
+        first, last = part.get(key, [offset, offset])
+        part[key] = [min(first, offset), max(last, offset)]
+    return ranges
+
+
 @dataclass
 class PlannedBatch:
     kind: str
@@ -58,6 +69,7 @@ class PlannedBatch:
             "trajectory_ids": [t.trajectory_id for t in ts],
             "content_hashes": [e.digest for e in self.entries],
             "source_offsets": offsets,
+            "source_ranges": source_ranges(self.entries),
             "reward_versions": sorted_versions({t.reward_version for t in ts}),
             "calibration_versions": sorted_versions({t.calibration_version for t in ts}),
             "policy_versions": sorted_versions({t.policy_version for t in ts}),
