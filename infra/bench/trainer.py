@@ -3,7 +3,9 @@
 Builders run on synthetic scored trajectories (groups of 4 per task, 3 steps each). Training runs
 the executor (LoRA by default) on the tiny local model on CPU, or any size built from a config
 (`--hidden-size`, `--layers`) on `--device cuda`; TRL's SFTTrainer / DPOTrainer run on the same rows
-in the same process for a ratio. Heavy imports happen inside `run`.
+in the same process for a ratio. GRPO runs on token rows carrying behaviour logprobs, twice: with the
+off-policy correction (TIS, the default) and with `is_correction="none"`, for the correction's cost.
+Heavy imports happen inside `run`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import copy
 import logging
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from infra.bench.report import median
@@ -84,6 +87,7 @@ def builder_rows(args, tokenizer) -> list[dict]:
     from consumers.trainer.builders import (
         DPOPairBuilder,
         GRPOGroupBuilder,
+        GRPOGroupConfig,
         SFTBuilder,
         StepPairBuilder,
     )
@@ -93,6 +97,7 @@ def builder_rows(args, tokenizer) -> list[dict]:
 
     ts = synthetic(args.trajectories)
     groups = _grouped(ts)
+    grpo = GRPOGroupBuilder(GRPOGroupConfig(retokenize=True))  # synthetic steps carry no token ids
     few = ts[: max(50, args.trajectories // 20)]
 
     def planner():
@@ -105,7 +110,7 @@ def builder_rows(args, tokenizer) -> list[dict]:
         ("sft (messages)", lambda: SFTBuilder().build(ts), len(ts)),
         ("dpo (trajectory pairs)", lambda: [DPOPairBuilder().build(g) for g in groups], len(ts)),
         ("dpo_step (step pairs)", lambda: [StepPairBuilder().build(g) for g in groups], len(ts)),
-        ("grpo (groups + advantages)", lambda: [GRPOGroupBuilder().build(g) for g in groups], len(ts)),
+        ("grpo (groups + advantages)", lambda: [grpo.build(g) for g in groups], len(ts)),
         ("planner, all 4 kinds", planner, len(ts)),
         ("sft_tokenized (tiny tokenizer)", lambda: SFTTokenizedBuilder(tokenizer).build(few), len(few)),
     ]
@@ -124,6 +129,7 @@ def _training_rows(args):
     from consumers.trainer.builders import (
         DPOPairConfig,
         GRPOGroupBuilder,
+        GRPOGroupConfig,
         SFTBuilder,
         SFTBuilderConfig,
         StepPairBuilder,
@@ -132,7 +138,8 @@ def _training_rows(args):
     ts = synthetic(max(64, args.train_rows * 4))
     sft = SFTBuilder(SFTBuilderConfig(require_success=False)).build(ts)[: args.train_rows]
     dpo = [r for g in _grouped(ts) for r in StepPairBuilder(DPOPairConfig(max_pairs_per_group=2)).build(g)]
-    grpo = [r for g in _grouped(ts) for r in GRPOGroupBuilder().build(g)][: args.train_rows]
+    builder = GRPOGroupBuilder(GRPOGroupConfig(retokenize=True))  # synthetic steps carry no token ids
+    grpo = [r for g in _grouped(ts) for r in builder.build(g)][: args.train_rows]
     return {"sft": sft, "dpo": dpo[: args.train_rows], "grpo": grpo}
 
 
@@ -156,17 +163,23 @@ def training_rows(args, data_dir: Path) -> tuple[list[dict], dict]:
     )
     executor = TrainingExecutor(config, data_dir)
     data = _training_rows(args)
+    data["grpo"] = grpo_token_rows(executor, data["grpo"])
+    unit = f"tokens/s ({executor._device()}, {'LoRA' if args.lora else 'full'})"
     rows, ours = [], {}
     for method, batch in data.items():
-        executor.train_rows(batch, method)  # warm-up
-        rates = [executor.train_rows(batch, method)["tokens_per_s"] for _ in range(args.train_steps)]
-        ours[method] = median(rates)
-        device = str(executor._device())
-        unit = f"tokens/s ({device}, {'LoRA' if args.lora else 'full'})"
-        rows.append(
-            {"stage": f"train {method} (agentstream)", "trajectories": len(batch), "per_s": ours[method]}
+        ours[method] = _train_rate(executor, batch, method, args.train_steps)
+        stage = (
+            "train grpo, TIS correction (agentstream)"
+            if method == "grpo"
+            else f"train {method} (agentstream)"
         )
-        rows[-1]["unit"] = unit
+        rows.append({"stage": stage, "trajectories": len(batch), "per_s": ours[method], "unit": unit})
+    plain = TrainingExecutor(replace(config, is_correction="none"), data_dir)
+    rate = _train_rate(plain, data["grpo"], "grpo", args.train_steps)
+    ratio = ours["grpo"] / rate if rate else float("nan")
+    stage = "train grpo, no correction (agentstream)"
+    rows.append({"stage": stage, "trajectories": len(data["grpo"]), "per_s": rate})
+    rows[-1]["unit"] = f"{unit}; with/without correction = {ratio:.2f}x"
     return rows, {
         "tokenizer": tokenizer,
         "model_dir": model_dir,
@@ -174,6 +187,27 @@ def training_rows(args, data_dir: Path) -> tuple[list[dict], dict]:
         "ours": ours,
         "params": params,
     }
+
+
+def _train_rate(executor, batch: list[dict], method: str, steps: int) -> float:
+    """Median tokens/s of `steps` calls after one warm-up."""
+    executor.train_rows(batch, method)
+    return median([executor.train_rows(batch, method)["tokens_per_s"] for _ in range(steps)])
+
+
+def grpo_token_rows(executor, rows: list[dict]) -> list[dict]:
+    """GRPO rows in the token shape the policy server's records give, with a behaviour logprob on
+    every trainable token (varied, so the importance weights are not all 1)."""
+    out = []
+    for row in rows:
+        enc = executor.encode_row(row)
+        behaviour = [None if lab == -100 else -2.0 - 0.25 * (j % 9) for j, lab in enumerate(enc.labels)]
+        keep = ("advantage", "step_advantages", "group_id", "group_size", "trajectory_id", "task_id")
+        out.append({k: row.get(k) for k in keep} | {
+            "input_ids": enc.input_ids, "labels": enc.labels, "step_ids": enc.steps,
+            "behaviour_logprobs": behaviour, "behaviour_version": "base", "reward": row.get("reward"),
+        })  # fmt: skip
+    return out
 
 
 def trl_rows(args, ctx: dict, work: Path) -> list[dict]:
