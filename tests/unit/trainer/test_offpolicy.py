@@ -166,3 +166,12 @@ def test_correction_is_on_by_default():
     config = TrainConfig()
     assert (config.is_correction, config.is_truncation, config.max_staleness) == ("tis", 2.0, 2)
     assert config.kl_beta == 0.0 and config.reference == "base" and config.lr_schedule == "cosine"
+
+
+def test_docstring_examples_hold():
+    import doctest
+
+    from consumers.trainer import offpolicy
+
+    result = doctest.testmod(offpolicy)
+    assert result.attempted >= 9 and result.failed == 0
