@@ -57,13 +57,13 @@ def publish_update(producer, event: PolicyUpdated) -> None:
     )
 
 
-def train_file(run: TrainRunConfig) -> PolicyUpdated:
+def train_file(run: TrainRunConfig) -> PolicyUpdated | None:
     """Train once on `run.batch`; returns the `policy.updated` event (published unless
-    `run.publish` is false)."""
+    `run.publish` is false), or None when every GRPO group was too stale (no version made)."""
     data, batch_id, method = resolve_batch(Path(run.batch or ""), run.method)
     executor = TrainingExecutor(run.train, run.data_dir)
     event = executor.train_batch(read_rows(data), method, batch_id)
-    if run.publish:
+    if event is not None and run.publish:
         from kafka.errors import KafkaError
 
         try:

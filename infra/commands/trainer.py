@@ -56,6 +56,9 @@ def run_train(args: argparse.Namespace) -> int:
     if run.follow:
         return follow(run)
     event = train_file(run)
+    if event is None:
+        output.say(f"{run.batch}: every GRPO group was over --max-staleness versions old; no new version")
+        return 0
     loss = event.metrics["loss"]
     output.say(f"{event.policy_version}: {event.method} on {event.batch_ids[0]}, loss {loss:.4f}")
     output.say(f"checkpoint: {event.checkpoint_path}")
