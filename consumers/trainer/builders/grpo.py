@@ -229,19 +229,22 @@ class GRPOGroupBuilder:
         return row
 
 
-def behaviour_version(t: TrajectoryScored) -> int:
-    """The oldest policy that sampled a step, by number ("base" / unknown = 0); a step without its
-    own version has the trajectory's.
+def behaviour_version(t: TrajectoryScored) -> str:
+    """The oldest policy version that sampled a step ("base" when none says otherwise), as the
+    executor's staleness check reads it; a step without its own version has the trajectory's.
 
     >>> from schemas.events import ScoredStep
     >>> t = TrajectoryScored(event_id="e", trajectory_id="t", occurred_at="2026-01-01T00:00:00Z",
     ...     producer="p", task_id="k", policy_version="v3",
     ...     steps=[ScoredStep(step_index=0, policy_version="v2"), ScoredStep(step_index=1)])
     >>> behaviour_version(t)
-    2
+    'v2'
     """
     versions = [s.policy_version or t.policy_version for s in t.steps] or [t.policy_version]
-    return min(policy_number(v) or 0 for v in versions)
+    named = [v for v in versions if v]
+    if not named or len(named) < len(versions):
+        return "base"
+    return min(named, key=lambda v: policy_number(v) or 0)
 
 
 def token_row(t: TrajectoryScored) -> dict[str, Any] | None:

@@ -59,7 +59,7 @@ def test_token_row_contract_and_group_fields():
     assert "prompt" not in row and "completion" not in row  # nothing re-tokenised
     assert row["input_ids"] == [1, 2, 3, 4, 7, 8] and row["labels"][2:4] == [3, 4]
     assert len(row["behaviour_logprobs"]) == len(row["input_ids"]) == len(row["step_ids"])
-    assert row["behaviour_version"] == 0  # step 1 was sampled by "base"
+    assert row["behaviour_version"] == "base"  # step 1 was sampled by "base"
     assert row["step_event_ids"] == ["ev-0", "ev-1"]
     assert row["advantage"] > 0 > rows[1]["advantage"]
     assert (row["group_id"], row["group_size"], row["group_complete"]) == ("g", 2, True)
@@ -114,3 +114,11 @@ def test_batches_carry_source_ranges_in_the_manifest_and_event():
     )  # fmt: skip
     assert manifest.event().source_ranges == {"trajectory.scored": {"0": [3, 7], "1": [5, 5]}}
     assert manifest.event().source_offsets == {"trajectory.scored": {"0": 8, "1": 6}}
+
+
+def test_the_builders_token_rows_go_through_the_executors_staleness_check():
+    from consumers.trainer.offpolicy import admit_groups
+
+    rows = GRPOGroupBuilder().build([_traj("a", _continuous()), _traj("b", _continuous(), success=False)])
+    assert admit_groups(rows, "v2", 2).trained_groups == 1  # sampled by base: 2 behind, admitted whole
+    assert admit_groups(rows, "v3", 2).dropped_groups == 1
