@@ -17,6 +17,16 @@ def register(sub) -> None:
     )
     add_option(demo, "--group-size", type=int, default=4, help="rollouts per task and policy (a GRPO group)")
     add_option(demo, "--keep", action="store_true", default=False, help="keep the previous demo data")
+    add_option(
+        demo,
+        "--learn",
+        action="store_true",
+        default=False,
+        help="the training loop instead: warm start, rollouts, GRPO, reloads, held-out eval per version",
+    )
+    add_option(demo, "--versions", type=int, default=10, help="--learn: stop after this many versions")
+    add_option(demo, "--budget-min", type=float, default=15.0, help="--learn: stop after this many minutes")
+    add_option(demo, "--seed", type=int, default=0, help="--learn: seed of the tasks, model and sampling")
 
 
 def _register_up(sub) -> None:
@@ -65,6 +75,10 @@ def _register_up(sub) -> None:
 
 
 def demo_command(args) -> int:
+    if args.learn:
+        from infra.learn.loop import learn_command
+
+        return learn_command(args)
     from infra.demo.run import demo_command as run_demo
 
     return run_demo(args)

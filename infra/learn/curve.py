@@ -1,0 +1,36 @@
+"""The learning curve as a PNG: held-out success and mean online reward by policy version (left) and
+by wall time (right). matplotlib (the `plot` extra) is imported lazily, with the Agg backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_curve(points: list[dict], path: Path, title: str) -> Path:
+    """`points`: one dict per version with `version_number`, `minutes`, `success` (0..1) and
+    `mean_reward` (0..1 or None)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, key, label in (
+        (axes[0], "version_number", "policy version"),
+        (axes[1], "minutes", "wall time (min)"),
+    ):
+        xs = [p[key] for p in points]
+        ax.plot(xs, [p["success"] for p in points], marker="o", label="held-out success")
+        rewarded = [(p[key], p["mean_reward"]) for p in points if p.get("mean_reward") is not None]
+        if rewarded:
+            ax.plot(*zip(*rewarded, strict=True), marker="s", linestyle="--", label="mean reward (online)")
+        ax.set_xlabel(label)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("rate / reward")
+    axes[0].legend(loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,238 @@
+"""`agentstream demo --learn`: the whole loop on one machine, no network, and whether it learns.
+
+1. Split calc expressions into training and held-out sets (disjoint, fixed by the seed) and build
+   the warm-started tiny model (infra/learn/warmstart.py).
+2. Evaluate version 0 (the warm start) on the held-out tasks.
+3. Start the embedded stack with the policy server and the executor (`up --policy --train`): the
+   policy server serves the warm start and reloads every new version; the rule processor scores
+   every step; the assembler builds trajectories; the trainer makes GRPO batches of whole groups;
+   the executor trains them asynchronously (TIS correction, staleness 2) and publishes versions.
+4. Run `agentstream rollout --forever` on the training tasks in groups, against the policy server.
+5. For each new version (the newest one when several arrive during an evaluation): evaluate it on
+   the held-out tasks in this process, print a line, until `versions` or the time budget.
+6. Write `learning_curve.json` and `learning_curve.png` (success and mean online reward by version
+   and by wall time) under the data directory, and print version 0 against the final version.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from infra.cli import output
+from infra.learn.heldout import HeldoutScore, evaluate, load_engine
+from infra.learn.tasks import split_expressions, write_tasks
+from infra.learn.warmstart import WarmStartConfig, build_warm_model
+
+
+@dataclass(frozen=True)
+class LearnConfig:
+    seed: int = 0
+    difficulty: int = 2
+    draws: int = 8000
+    heldout: int = 40
+    eval_samples: int = 2
+    eval_temperature: float = 1.0
+    max_turns: int = 3
+    group_size: int = 8
+    concurrency: int = 4
+    batch_trajectories: int = 32
+    learning_rate: float = 2e-3
+    versions: int = 10
+    budget_min: float = 15.0
+    warm: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+
+@dataclass
+class Curve:
+    started: float
+    points: list[dict] = field(default_factory=list)
+
+    def add(self, score: HeldoutScore, mean_reward: float | None = None) -> dict:
+        point = {
+            "version": score.version,
+            "version_number": 0 if score.version == "base" else int(score.version.lstrip("v")),
+            "minutes": round((time.monotonic() - self.started) / 60, 2),
+            "success": round(score.rate, 4),
+            "successes": score.successes,
+            "episodes": score.episodes,
+            "mean_reward": mean_reward,
+        }
+        self.points.append(point)
+        return point
+
+
+def learn_command(args) -> int:
+    from schemas.settings import Settings
+
+    config = LearnConfig(seed=args.seed, versions=args.versions, budget_min=args.budget_min)
+    data_dir = (Path(Settings.from_args(args).data_dir) / "demo-learn").resolve()
+    shutil.rmtree(data_dir, ignore_errors=True)
+    data_dir.mkdir(parents=True)
+    curve = Curve(time.monotonic())
+    split = split_expressions(config.difficulty, config.draws, config.heldout, config.seed)
+    output.say(f"[learn] {len(split.train)} training and {len(split.heldout)} held-out calc tasks (disjoint)")
+    base = build_warm_model(data_dir / "models" / "calc-warm", split.train, config.warm, _say)
+    engine = load_engine(base, None, "base")
+    _report(curve.add(_evaluate(engine, split.heldout, config)))
+    run_loop(config, data_dir, base, engine, split, curve)
+    return finish(config, data_dir, curve)
+
+
+def _say(message: str) -> None:
+    output.say(f"[learn] {message}")
+
+
+def _evaluate(engine, heldout, config: LearnConfig) -> HeldoutScore:
+    return evaluate(
+        engine, heldout, config.eval_samples, config.eval_temperature, config.max_turns, config.seed
+    )
+
+
+def _report(point: dict) -> None:
+    reward = "-" if point["mean_reward"] is None else f"{point['mean_reward']:.3f}"
+    output.say(
+        f"[learn] {point['version']:>5}  held-out success {point['success']:.3f} "
+        f"({point['successes']}/{point['episodes']})  mean reward {reward}  at {point['minutes']:.1f} min"
+    )
+
+
+def stack_config(config: LearnConfig, data_dir: Path, base: Path):
+    """The embedded stack of the demo: policy server + executor on the warm-started model, the
+    trainer building GRPO batches only (every component takes its options from the environment)."""
+    from infra.stack import embedded_config
+
+    env = {
+        "AGENTSTREAM_BASE_MODEL": str(base),
+        "AGENTSTREAM_KINDS": "grpo",
+        "AGENTSTREAM_GROUP_SIZE": str(config.group_size),
+        "AGENTSTREAM_BATCH_TRAJECTORIES": str(config.batch_trajectories),
+        "AGENTSTREAM_FLUSH_INTERVAL_S": "1",
+        "AGENTSTREAM_SEED": str(config.seed),
+    }
+    train_args = ("--learning-rate", str(config.learning_rate), "--micro-batch-size", "8")
+    return embedded_config(
+        data_dir, policy=True, policy_port=_free_port(), train=True, train_args=train_args, extra_env=env
+    )
+
+
+def _free_port() -> int:
+    from infra.stack import free_port
+
+    return free_port()
+
+
+def rollout_args(
+    config: LearnConfig, tasks: Path, policy_url: str, bootstrap: str, data_dir: Path
+) -> list[str]:
+    return [
+        sys.executable, "-m", "infra.cli", "rollout", "--env", "calc", "--tasks", str(tasks),
+        "--group-size", str(config.group_size), "--concurrency", str(config.concurrency),
+        "--max-turns", str(config.max_turns), "--max-tokens", "48", "--temperature", "1.0", "--forever",
+        "--max-staleness", "2", "--policy-url", policy_url, "--bootstrap-servers", bootstrap,
+        "--data-dir", str(data_dir / "rollout"),
+    ]  # fmt: skip
+
+
+def run_loop(config: LearnConfig, data_dir: Path, base: Path, engine, split, curve: Curve) -> None:
+    """Steps 3-5 of the module docstring."""
+    from infra.stack import StackSupervisor
+
+    stack = stack_config(config, data_dir, base)
+    supervisor = StackSupervisor(stack, on_event=lambda m: output.say(f"[learn] {m}"))
+    supervisor.start(ready_timeout_s=180)
+    tasks = write_tasks(split.train, data_dir / "train_tasks.jsonl", "calc-train")
+    policy_url = f"http://127.0.0.1:{stack.policy_port}/v1"
+    log = open(data_dir / "logs" / "rollout.log", "ab")  # noqa: SIM115 - closed below
+    rollout = subprocess.Popen(
+        rollout_args(config, tasks, policy_url, stack.bootstrap_servers, data_dir),
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=data_dir,
+    )  # fmt: skip
+    try:
+        follow_versions(config, stack, engine, split.heldout, curve)
+        rewards = mean_rewards(stack)
+        for point in curve.points:
+            point["mean_reward"] = rewards.get(point["version"])
+    finally:
+        _stop(rollout)
+        log.close()
+        supervisor.stop()
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM the rollout, SIGKILL after 10 s (by PID)."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def follow_versions(config: LearnConfig, stack, engine, heldout, curve: Curve) -> None:
+    """Evaluate each new version as it is published, until `versions` or the budget runs out."""
+    from clients.kafka import read_to_end
+    from schemas.codec import decode
+    from schemas.events import PolicyUpdated
+    from schemas.topics import POLICY_UPDATES
+
+    deadline = curve.started + config.budget_min * 60 - 45  # leave time to stop and plot
+    done: set[str] = set()
+    while time.monotonic() < deadline and len(done) < config.versions:
+        records = read_to_end(stack.bootstrap_servers, [POLICY_UPDATES])
+        updates = [e for r in records if isinstance(e := decode(r.value), PolicyUpdated)]
+        fresh = [u for u in updates if u.policy_version not in done]
+        if not fresh:
+            time.sleep(2)
+            continue
+        newest = fresh[-1]
+        done.update(u.policy_version for u in fresh)
+        version_engine = engine.with_adapter(Path(newest.checkpoint_path), newest.policy_version)
+        _report(curve.add(_evaluate(version_engine, heldout, config)))
+
+
+def mean_rewards(stack) -> dict[str, float]:
+    """Mean online total reward of the rollouts' trajectories, by the version that sampled them."""
+    sql = (
+        "SELECT ifNull(policy_version, 'base'), avg(total_reward) FROM agentstream.trajectories FINAL "
+        "WHERE total_reward IS NOT NULL GROUP BY 1"
+    )
+    try:
+        return {version: round(float(mean), 4) for version, mean in stack.query(sql)}
+    except Exception as exc:  # the curve is still worth writing without rewards
+        output.say(f"[learn] mean rewards unavailable: {exc}")
+        return {}
+
+
+def finish(config: LearnConfig, data_dir: Path, curve: Curve) -> int:
+    """Write the curve (JSON + PNG) and print version 0 against the final version."""
+    from infra.learn.curve import write_curve
+
+    first, last = curve.points[0], curve.points[-1]
+    summary = {
+        "config": asdict(config),
+        "points": curve.points,
+        "v0_success": first["success"],
+        "final_version": last["version"],
+        "final_success": last["success"],
+        "gain_points": round(100 * (last["success"] - first["success"]), 1),
+        "minutes": last["minutes"],
+    }
+    (data_dir / "learning_curve.json").write_text(json.dumps(summary, indent=2))
+    output.say("[learn] version  held-out success  mean online reward  minutes")
+    for p in curve.points:
+        reward = "-" if p["mean_reward"] is None else f"{p['mean_reward']:.3f}"
+        output.say(f"[learn] {p['version']:>7}  {p['success']:16.3f}  {reward:>18}  {p['minutes']:7.1f}")
+    title = f"agentstream demo --learn: held-out calc success {first['success']:.2f} -> {last['success']:.2f}"
+    png = write_curve(curve.points, data_dir / "learning_curve.png", title)
+    output.say(
+        f"[learn] held-out success: version 0 {first['success']:.3f} -> "
+        f"{last['version']} {last['success']:.3f} "
+        f"({summary['gain_points']:+.1f} points) in {last['minutes']:.1f} min; curve: {png}"
+    )
+    return 0

@@ -1,0 +1,59 @@
+"""The learning demo's pieces: disjoint task sets, demonstrations the env accepts, a warm start
+that trains and saves a model the policy engine loads, a held-out evaluation, the curve PNG."""
+
+from __future__ import annotations
+
+import doctest
+import json
+
+import infra.learn.tasks as tasks_module
+from infra.learn.curve import write_curve
+from infra.learn.heldout import evaluate, load_engine
+from infra.learn.tasks import demonstration, split_expressions, write_tasks
+from infra.learn.warmstart import WarmStartConfig, build_warm_model
+from producers.envs.calc import CalcEnv
+from producers.envs.tasks import load_tasks
+
+
+def test_docstring_examples():
+    assert doctest.testmod(tasks_module).failed == 0
+
+
+def test_train_and_heldout_are_disjoint_and_fixed_by_the_seed():
+    a, b = split_expressions(2, 2000, 40, seed=0), split_expressions(2, 2000, 40, seed=0)
+    assert a == b and not set(a.train) & set(a.heldout) and len(a.heldout) == 40
+    assert split_expressions(2, 2000, 40, seed=1).heldout != a.heldout
+
+
+def test_a_demonstration_solves_its_task_in_the_env():
+    for expression in split_expressions(2, 200, 5, seed=0).heldout:
+        messages = demonstration(expression)
+        env = CalcEnv(difficulty=2)
+        assert env.reset(task={"expression": expression}).observation == messages[1]["content"]
+        for message in messages[2::2]:
+            call = message["tool_calls"][0]["function"]
+            ts = env.step({"tool": call["name"], "params": json.loads(call["arguments"])})
+        assert ts.terminated and env.verify()
+
+
+def test_warm_start_trains_saves_and_the_engine_plays_heldout_tasks(tmp_path):
+    split = split_expressions(1, 400, 4, seed=0)
+    config = WarmStartConfig(hidden_size=32, layers=1, vocab_size=600, steps=3, batch_size=4)
+    lines: list[str] = []
+    base = build_warm_model(tmp_path / "warm", split.train, config, lines.append)
+    assert (base / "config.json").exists() and (base / "tokenizer.json").exists()
+    assert lines and "step 3/3" in lines[-1]
+    score = evaluate(load_engine(base, None, "base"), split.heldout, 1, 1.0, 2, seed=0)
+    assert score.episodes == 4 and 0 <= score.successes <= 4 and score.version == "base"
+
+
+def test_task_file_and_curve(tmp_path):
+    split = split_expressions(1, 400, 4, seed=0)
+    tasks = load_tasks(write_tasks(split.train[:3], tmp_path / "t.jsonl", "calc-train"))
+    assert [t.task_id for t in tasks] == ["calc-train-0000", "calc-train-0001", "calc-train-0002"]
+    points = [
+        {"version": "base", "version_number": 0, "minutes": 1.0, "success": 0.2, "mean_reward": 0.3},
+        {"version": "v1", "version_number": 1, "minutes": 2.5, "success": 0.5, "mean_reward": None},
+    ]
+    png = write_curve(points, tmp_path / "curve.png", "test")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
