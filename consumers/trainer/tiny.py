@@ -79,6 +79,7 @@ def build_model(
     intermediate_size: int | None = None,
     heads: int = 4,
     kv_heads: int = 2,
+    tie_word_embeddings: bool = False,
 ) -> Any:
     """A randomly initialised Qwen2 causal LM sized for `tokenizer` (fp32).
 
@@ -96,7 +97,7 @@ def build_model(
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=4096,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,

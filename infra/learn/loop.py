@@ -33,8 +33,8 @@ from infra.learn.warmstart import WarmStartConfig, build_warm_model
 @dataclass(frozen=True)
 class LearnConfig:
     seed: int = 0
-    difficulty: int = 2
-    draws: int = 8000
+    difficulty: int = 1
+    draws: int = 4000
     heldout: int = 40
     eval_samples: int = 2
     eval_temperature: float = 1.0

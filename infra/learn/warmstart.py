@@ -20,9 +20,11 @@ class WarmStartConfig:
     hidden_size: int = 128
     layers: int = 2
     vocab_size: int = 1024
-    steps: int = 300
+    steps: int = 1000
     batch_size: int = 16
     learning_rate: float = 3e-3
+    tie_embeddings: bool = True
+    """input and output embeddings shared: copying a token is then an attention move, nothing more"""
     seed: int = 0
 
 
@@ -41,7 +43,13 @@ def build_warm_model(
         base_tokenizer.apply_chat_template(demonstration(e), tools=TOOLS, tokenize=False) for e in train
     ]
     tokenizer = train_tokenizer(corpus, vocab_size=config.vocab_size)
-    model = build_model(tokenizer, hidden_size=config.hidden_size, layers=config.layers, seed=config.seed)
+    model = build_model(
+        tokenizer,
+        hidden_size=config.hidden_size,
+        layers=config.layers,
+        seed=config.seed,
+        tie_word_embeddings=config.tie_embeddings,
+    )
     encoded = [encode_messages(tokenizer, demonstration(e), TOOLS, train_from=2) for e in train]
     _sft(model, tokenizer.pad_token_id, encoded, config, say)
     out.mkdir(parents=True, exist_ok=True)

@@ -24,9 +24,10 @@ from producers.envs.protocol import Action, AgentEnv, TimeStep, checked_action
 
 MAX_DIFFICULTY = 5
 PROMPT = (
-    "Compute the value of {expression}. Tools: calculator(expression) evaluates an arithmetic "
-    "expression; submit(answer) gives your final answer and ends the task."
+    "Tools: calculator(expression) evaluates an arithmetic expression; submit(answer) gives your "
+    'final answer and ends the task. Compute the value of "{expression}"'
 )
+"""The task: the expression comes last and quoted, exactly as a tool call would quote it."""
 
 
 def format_number(value: Number) -> str:
