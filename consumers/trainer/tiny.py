@@ -44,13 +44,29 @@ BASE_CORPUS = [
 ]
 
 
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+"""Qwen2's pre-tokenizer split (one digit per piece). transformers loads any tokenizer saved beside a
+Qwen2 config as `Qwen2Tokenizer`, which puts this split and NFC in front of the saved vocabulary;
+training with the same pieces keeps the tokenizer in memory and the one loaded from disk identical."""
+
+
 def train_tokenizer(corpus: list[str] | None = None, vocab_size: int = 512) -> Any:
-    """A byte-level BPE `PreTrainedTokenizerFast` trained on `corpus` (+ a small built-in corpus)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A byte-level BPE `PreTrainedTokenizerFast` trained on `corpus` (+ a small built-in corpus),
+    with Qwen2's normalizer and pre-tokenizer, so it encodes the same before and after a save."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -123,3 +123,20 @@ def test_planner_builds_pretokenized_batches(tokenizer):
     rows = batches["sft_tokenized"].rows
     assert [r["trajectory_id"] for r in rows] == [r["trajectory_id"] for r in batches["sft"].rows]
     assert all(len(r["input_ids"]) == len(r["labels"]) and IGNORE_INDEX in r["labels"] for r in rows)
+
+
+def test_the_tiny_tokenizer_encodes_the_same_after_a_save_beside_its_model(tmp_path):
+    """What the warm start trains on is what the policy server serves: transformers loads a
+    tokenizer saved beside a Qwen2 config as Qwen2Tokenizer, with Qwen2's pre-tokenizer."""
+    from transformers import AutoTokenizer
+
+    from consumers.trainer.tiny import build_model, train_tokenizer
+
+    text = 'Compute the value of "6 - 3" and 12 + 407; {"expression": "6 - 3"}\n\tcafe\u0301  done'
+    tokenizer = train_tokenizer([text] * 3, vocab_size=600)
+    build_model(tokenizer, hidden_size=16, layers=1).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    messages = [{"role": "user", "content": text}, {"role": "assistant", "content": "= 3"}]
+    assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert loaded.apply_chat_template(messages) == tokenizer.apply_chat_template(messages)
