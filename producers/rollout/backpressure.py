@@ -7,9 +7,12 @@ Staleness here is counted in batches not yet trained: the records on `training.b
 so this is how many policy versions the data already sampled is ahead of the policy being served.
 Sampling pauses while it is above `max_staleness` and resumes once it is back at or below it.
 
-The count comes from the two topics' offsets (end minus beginning), not from reading them. It
-assumes every batch on `training.batches` is one the executor will train; batches of a kind no
-executor trains keep the count high (run the trainer with the kinds that are trained).
+The count comes from the two topics' offsets (end minus beginning), not from reading them. A batch
+the executor finished without a version (no rows, or every group too stale) publishes nothing on
+`policy.updates`, but the executor commits its offset all the same: the batches handled are the more
+of the updates and the executor group's committed offsets on `training.batches`, so such a batch
+never holds the rollout back for good. Batches of a kind no executor trains keep the count high (run
+the trainer with the kinds that are trained).
 
 `should_pause` is the pure decision; `TopicBacklog` reads the offsets; `BackpressureGate` waits.
 It must never stop the rollout on a broker error: an unreadable backlog does not pause.
@@ -53,10 +56,14 @@ class Backlog:
 
 
 class TopicBacklog:
-    """Counts the records of `training.batches` and `policy.updates` from their offsets."""
+    """Counts the records of `training.batches` and `policy.updates` from their offsets, and the
+    batches `executor_group` has committed (it never joins that group: it only reads its offsets)."""
 
-    def __init__(self, bootstrap_servers: str, timeout_ms: int = 5000):
+    def __init__(
+        self, bootstrap_servers: str, timeout_ms: int = 5000, executor_group: str = "agentstream-executor"
+    ):
         self.bootstrap_servers, self.timeout_ms = bootstrap_servers, timeout_ms
+        self.executor_group = executor_group
         self._consumer = None
 
     def read(self) -> Backlog:
@@ -64,20 +71,28 @@ class TopicBacklog:
             self._consumer = make_consumer(
                 self.bootstrap_servers,
                 "agentstream-rollout-backpressure",
+                self.executor_group,
                 bootstrap_timeout_ms=self.timeout_ms,
                 request_timeout_ms=self.timeout_ms,
             )
-        return Backlog(self._count(TRAINING_BATCHES), self._count(POLICY_UPDATES))
+        batches, committed = self._count(TRAINING_BATCHES, committed=True)
+        updates, _ = self._count(POLICY_UPDATES)
+        return Backlog(batches, max(updates, committed))
 
-    def _count(self, topic: str) -> int:
+    def _count(self, topic: str, committed: bool = False) -> tuple[int, int]:
+        """(records on `topic`, records before the executor group's committed offsets)."""
         from kafka import TopicPartition
 
         consumer = self._consumer
         parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         if not parts:
-            return 0
+            return 0, 0
         ends, begins = consumer.end_offsets(parts), consumer.beginning_offsets(parts)
-        return sum(ends[p] - begins[p] for p in parts)
+        total = sum(ends[p] - begins[p] for p in parts)
+        if not committed:
+            return total, 0
+        done = {p: consumer.committed(p) for p in parts}
+        return total, sum(max(0, c - begins[p]) for p, c in done.items() if c is not None)
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -69,6 +69,28 @@ def test_the_gate_pauses_beyond_max_staleness_and_resumes_after_an_update(broker
         gate.backlog.close()
 
 
+def test_a_batch_the_executor_finished_without_a_version_releases_the_gate(broker):
+    """The executor commits a batch that made no version (every group stale, or no rows); counting
+    only policy.updates would keep the rollout paused for good."""
+    from kafka import OffsetAndMetadata, TopicPartition
+
+    from clients.kafka import make_consumer
+
+    ensure_topics(broker.bootstrap, [TOPICS[POLICY_UPDATES], TOPICS[TRAINING_BATCHES]])
+    gate = BackpressureGate(TopicBacklog(broker.bootstrap, executor_group="tests-exec"), 1, poll_s=0.05)
+    executor = make_consumer(broker.bootstrap, "tests-executor", "tests-exec")
+    try:
+        publish_batches(broker.bootstrap, 3)
+        assert gate.check() is True  # 3 batches, none handled
+        part = TopicPartition(TRAINING_BATCHES, 0)
+        executor.assign([part])
+        executor.commit({part: OffsetAndMetadata(2, "", -1)})  # two batches done, no version made
+        assert gate.check() is False and not gate.paused
+    finally:
+        executor.close()
+        gate.backlog.close()
+
+
 def test_an_unreachable_broker_leaves_step_zero_and_does_not_pause():
     progress = PolicyProgress("127.0.0.1:1", poll_s=60, timeout_ms=1000)
     gate = BackpressureGate(TopicBacklog("127.0.0.1:1", timeout_ms=1000), max_staleness=1, sleep=_never)
