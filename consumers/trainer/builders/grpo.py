@@ -48,8 +48,10 @@ class GRPOGroupConfig:
     scale_rewards: bool = field(default=True, metadata={"help": "GRPO: divide by the group std"})
     std: Literal["unbiased", "population"] = "unbiased"
     eps: float = 1e-6
-    drop_zero_std: bool = False
-    """Emit no rows for a group whose rewards are all equal (its advantages are all 0)."""
+    drop_zero_std: bool = field(
+        default=False,
+        metadata={"help": "GRPO: no rows for a group whose rewards are all equal (advantages all 0)"},
+    )
     step_advantage: Literal["none", "process_return", "mixed"] = field(
         default="none", metadata={"help": "GRPO step advantages"}
     )
