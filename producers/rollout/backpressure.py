@@ -101,42 +101,62 @@ class TopicBacklog:
 
 
 class BackpressureGate:
-    """`wait()` returns once the trainer is at most `max_staleness` batches behind, re-checking every
-    `poll_s` seconds; one log line per pause. Thread-safe (every episode waits on it)."""
+    """`wait()` returns once the trainer is at most `max_staleness` batches behind and, with
+    `max_ahead`, fewer than `max_ahead` episodes have started since the executor last finished a
+    batch; it re-checks every `poll_s` seconds, one log line per pause. Thread-safe (every episode
+    waits on it).
 
-    def __init__(self, backlog, max_staleness: int, poll_s: float = 5.0, sleep=time.sleep):
+    `max_ahead` bounds what is sampled before the pipeline catches up: batches are counted only once
+    the trainer has built them, so before the first batch (or while the stream workers lag) the
+    staleness count alone lets a fast rollout sample thousands of episodes with one version.
+    """
+
+    def __init__(
+        self, backlog, max_staleness: int, poll_s: float = 5.0, sleep=time.sleep, max_ahead: int = 0
+    ):
         self.backlog, self.max_staleness, self.poll_s, self.sleep = backlog, max_staleness, poll_s, sleep
+        self.max_ahead = max_ahead
         self.paused = False
         self.pauses = 0
+        self._handled: int | None = None
+        self._started = 0
         self._lock = threading.Lock()
 
-    def check(self) -> bool:
-        """Read the backlog once; True when sampling should pause now."""
+    def check(self, claim: bool = False) -> bool:
+        """Read the backlog once; True when sampling should pause now. `claim`: when it need not,
+        count one more episode started."""
         with self._lock:
             try:
                 backlog = self.backlog.read()
             except Exception as exc:  # an unknown backlog never blocks sampling
                 log.warning("rollout: cannot read the training backlog (%r); not pausing", exc)
-                return self._set(False, 0)
-            pause = should_pause(backlog.batches, backlog.updates, self.max_staleness)
-            return self._set(pause, staleness(backlog.batches, backlog.updates))
+                return self._set(False, "backlog unknown")
+            if backlog.updates != self._handled:  # the executor finished a batch: a new allowance
+                self._handled, self._started = backlog.updates, 0
+            behind = staleness(backlog.batches, backlog.updates)
+            ahead = self.max_ahead > 0 and self._started >= self.max_ahead
+            pause = should_pause(backlog.batches, backlog.updates, self.max_staleness) or ahead
+            if claim and not pause:
+                self._started += 1
+            return self._set(
+                pause,
+                f"trainer {behind} batches behind (max_staleness {self.max_staleness}), "
+                f"{self._started} episodes since its last batch (max_ahead {self.max_ahead})",
+            )
 
-    def _set(self, pause: bool, behind: int) -> bool:
+    def _set(self, pause: bool, why: str) -> bool:
         if pause and not self.paused:
             self.pauses += 1
-            log.info(
-                "rollout: paused, trainer %d batches behind (max_staleness %d)", behind, self.max_staleness
-            )
+            log.info("rollout: paused, %s", why)
         elif self.paused and not pause:
-            log.info(
-                "rollout: resumed, trainer %d batches behind (max_staleness %d)", behind, self.max_staleness
-            )
+            log.info("rollout: resumed, %s", why)
         self.paused = pause
         return pause
 
     def wait(self) -> None:
-        """Block while paused (no-op when `max_staleness` is 0)."""
-        if self.max_staleness <= 0:
+        """Block while paused (no-op when `max_staleness` and `max_ahead` are 0), then count the
+        episode about to start."""
+        if self.max_staleness <= 0 and self.max_ahead <= 0:
             return
-        while self.check():
+        while self.check(claim=True):
             self.sleep(self.poll_s)

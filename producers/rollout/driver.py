@@ -75,6 +75,10 @@ class RolloutConfig:
     max_staleness: int = field(
         default=0, metadata={"help": "pause while the trainer is more than N batches behind (0: off)"}
     )
+    max_ahead: int = field(
+        default=0,
+        metadata={"help": "pause after N episodes until the executor finishes another batch (0: off)"},
+    )
     progress_poll_s: float = field(
         default=5.0, metadata={"help": "seconds between reads of policy.updates / training.batches"}
     )
@@ -85,6 +89,8 @@ class RolloutConfig:
             raise ProducerError(f"--max-turns: must be >= 1, got {self.max_turns!r}")
         if self.max_staleness < 0:
             raise ProducerError(f"--max-staleness: must be >= 0, got {self.max_staleness!r}")
+        if self.max_ahead < 0:
+            raise ProducerError(f"--max-ahead: must be >= 0, got {self.max_ahead!r}")
         if self.progress_poll_s <= 0:
             raise ProducerError(f"--progress-poll-s: must be > 0, got {self.progress_poll_s!r}")
 
@@ -220,15 +226,20 @@ class TrainingLoopControls:
 
     @classmethod
     def from_config(cls, config: RolloutConfig, bootstrap_servers: str | None) -> TrainingLoopControls:
-        if not (config.horizon or config.max_staleness):
+        if not (config.horizon or config.max_staleness or config.max_ahead):
             return cls()
         if not bootstrap_servers:
-            raise ProducerError("--horizon / --max-staleness: need the broker (bootstrap servers), got none")
+            raise ProducerError(
+                "--horizon / --max-staleness / --max-ahead: need the broker (bootstrap servers), got none"
+            )
         progress = PolicyProgress(bootstrap_servers, config.progress_poll_s) if config.horizon else None
         gate = None
-        if config.max_staleness:
+        if config.max_staleness or config.max_ahead:
             gate = BackpressureGate(
-                TopicBacklog(bootstrap_servers), config.max_staleness, config.progress_poll_s
+                TopicBacklog(bootstrap_servers),
+                config.max_staleness,
+                config.progress_poll_s,
+                max_ahead=config.max_ahead,
             )
         return cls(progress, gate)
 

@@ -39,7 +39,10 @@ def test_the_gate_waits_until_the_trainer_catches_up_and_logs_once(caplog):
         gate.wait()
     assert sleeps == [0.5, 0.5, 0.5] and not gate.paused and gate.pauses == 1
     paused = [r.getMessage() for r in caplog.records if "paused" in r.getMessage()]
-    assert paused == ["rollout: paused, trainer 5 batches behind (max_staleness 2)"]
+    assert paused == [
+        "rollout: paused, trainer 5 batches behind (max_staleness 2), "
+        "0 episodes since its last batch (max_ahead 0)"
+    ]
 
 
 def test_off_or_unreadable_never_blocks():
@@ -47,3 +50,25 @@ def test_off_or_unreadable_never_blocks():
     gate = BackpressureGate(Backlogs(RuntimeError("no broker")), max_staleness=1, sleep=pytest.fail)
     gate.wait()
     assert not gate.paused
+
+
+def test_max_ahead_pauses_after_n_episodes_until_the_executor_finishes_a_batch():
+    """Before the first batch exists the staleness count is 0: only max_ahead bounds the sampling."""
+    sleeps: list[float] = []
+    backlog = Backlogs((0, 0))
+    gate = BackpressureGate(backlog, max_staleness=2, poll_s=1.0, sleep=sleeps.append, max_ahead=3)
+    for _ in range(3):
+        gate.wait()
+    assert sleeps == [] and not gate.paused
+    backlog.values = [(0, 0), (0, 0), (1, 1)]  # the executor finishes a batch on the third read
+    gate.wait()
+    assert sleeps == [1.0, 1.0] and gate.pauses == 1 and not gate.paused
+    gate.wait()
+    gate.wait()  # the allowance is 3 again: one used by the wait that resumed, two more
+    assert sleeps == [1.0, 1.0]
+
+
+def test_max_ahead_alone_turns_the_gate_on():
+    gate = BackpressureGate(Backlogs((0, 0)), max_staleness=0, sleep=lambda _: None, max_ahead=1)
+    gate.wait()
+    assert gate.check() is True
