@@ -49,10 +49,20 @@ def make_async_producer(bootstrap_servers: str, client_id: str, **overrides: Any
 
 def make_consumer(bootstrap_servers: str, client_id: str, group_id: str | None = None, **overrides: Any):
     """A kafka-python `KafkaConsumer` that commits only when told to, reading from the earliest
-    offset when its group has none."""
+    offset when its group has none.
+
+    `request_timeout_ms` is the Java client's 30 s, not kafka-python's 305 s: under load a
+    kafka-python 3.0 consumer's `poll()` was seen to stall until its request timeout (a trainer
+    holding a whole GRPO round for 5 minutes); this bounds such a stall.
+    """
     from kafka import KafkaConsumer
 
-    options = {"enable_auto_commit": False, "auto_offset_reset": "earliest", **overrides}
+    options = {
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "request_timeout_ms": 30_000,
+        **overrides,
+    }
     return KafkaConsumer(
         bootstrap_servers=bootstrap_servers, client_id=client_id, group_id=group_id, **options
     )
