@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -42,8 +43,8 @@ class LearnConfig:
     group_size: int = 8
     concurrency: int = 4
     batch_trajectories: int = 32
-    learning_rate: float = 2e-3
-    versions: int = 10
+    learning_rate: float = 1e-3
+    versions: int = 1000
     budget_min: float = 15.0
     warm: WarmStartConfig = field(default_factory=WarmStartConfig)
 
@@ -71,6 +72,7 @@ def learn_command(args) -> int:
     from schemas.settings import Settings
 
     config = LearnConfig(seed=args.seed, versions=args.versions, budget_min=args.budget_min)
+    signal.signal(signal.SIGTERM, _exit)  # a SIGTERM stops the rollout and the stack like Ctrl-C
     data_dir = (Path(Settings.from_args(args).data_dir) / "demo-learn").resolve()
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
@@ -82,6 +84,10 @@ def learn_command(args) -> int:
     _report(curve.add(_evaluate(engine, split.heldout, config)))
     run_loop(config, data_dir, base, engine, split, curve)
     return finish(config, data_dir, curve)
+
+
+def _exit(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _say(message: str) -> None:
@@ -108,11 +114,13 @@ def stack_config(config: LearnConfig, data_dir: Path, base: Path):
     from infra.stack import embedded_config
 
     env = {
-        "AGENTSTREAM_BASE_MODEL": str(base),
+        "AGENTSTREAM_BASE_MODEL": str(base),  # the executor's
+        "AGENTSTREAM_POLICY_BASE_MODEL": str(base),  # the policy server's
         "AGENTSTREAM_KINDS": "grpo",
         "AGENTSTREAM_GROUP_SIZE": str(config.group_size),
         "AGENTSTREAM_BATCH_TRAJECTORIES": str(config.batch_trajectories),
-        "AGENTSTREAM_FLUSH_INTERVAL_S": "1",
+        "AGENTSTREAM_FLUSH_INTERVAL_S": "20",
+        "AGENTSTREAM_DROP_ZERO_STD": "true",  # a group that all failed (or all passed) teaches nothing
         "AGENTSTREAM_SEED": str(config.seed),
     }
     train_args = ("--learning-rate", str(config.learning_rate), "--micro-batch-size", "8")
@@ -134,7 +142,8 @@ def rollout_args(
         sys.executable, "-m", "infra.cli", "rollout", "--env", "calc", "--tasks", str(tasks),
         "--group-size", str(config.group_size), "--concurrency", str(config.concurrency),
         "--max-turns", str(config.max_turns), "--max-tokens", "48", "--temperature", "1.0", "--forever",
-        "--max-staleness", "2", "--policy-url", policy_url, "--bootstrap-servers", bootstrap,
+        "--max-staleness", "2", "--max-ahead", str(config.batch_trajectories),
+        "--policy-url", policy_url, "--bootstrap-servers", bootstrap,
         "--data-dir", str(data_dir / "rollout"),
     ]  # fmt: skip
 

@@ -79,6 +79,27 @@ def demonstration(expression: str) -> list[dict]:
     ]
 
 
+def guess(expression: str, seed: int) -> list[dict]:
+    """The careless episode: `submit` a number drawn from -9..18 (the range of difficulty-1 values)
+    without calling the calculator; right only by chance. Deterministic per expression and seed.
+
+    >>> [m["role"] for m in guess("3 + 4", seed=0)]
+    ['system', 'user', 'assistant']
+    """
+    drawn = random.Random(f"{seed}:{expression}").randint(-9, 18)
+    return [*prompt_messages(expression), _call("submit", {"answer": str(drawn)}, "call_0")]
+
+
+def warm_start_episodes(train: tuple[str, ...], guesses: int, seed: int) -> list[list[dict]]:
+    """The warm start's episodes: each training expression's demonstration, and `guesses` careless
+    episodes of it (seeds `seed`, `seed + 1`, ...).
+
+    >>> len(warm_start_episodes(("1 + 2", "3 - 1"), guesses=1, seed=0))
+    4
+    """
+    return [demonstration(e) for e in train] + [guess(e, seed + g) for g in range(guesses) for e in train]
+
+
 def write_tasks(expressions: tuple[str, ...], path: Path, prefix: str) -> Path:
     """A task file for `agentstream rollout` (one calc task per expression)."""
     lines = [

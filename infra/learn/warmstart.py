@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.learn.tasks import TOOLS, demonstration
+from infra.learn.tasks import TOOLS, warm_start_episodes
 
 
 @dataclass(frozen=True)
@@ -20,9 +20,13 @@ class WarmStartConfig:
     hidden_size: int = 128
     layers: int = 2
     vocab_size: int = 1024
-    steps: int = 1000
+    steps: int = 3000
     batch_size: int = 16
-    learning_rate: float = 3e-3
+    learning_rate: float = 1e-3
+    guesses: int = 1
+    """careless episodes (a guessed answer, no calculator) per training expression beside its
+    demonstration: the warm start reaches for the calculator about half the time, and the online
+    rewards have to teach it the rest"""
     tie_embeddings: bool = True
     """input and output embeddings shared: copying a token is then an attention move, nothing more"""
     seed: int = 0
@@ -35,13 +39,11 @@ def build_warm_model(
     import torch
 
     from consumers.trainer.tiny import build_model, train_tokenizer
-    from consumers.trainer.tokenize import encode_messages
 
     torch.manual_seed(config.seed)
     base_tokenizer = train_tokenizer([], vocab_size=512)
-    corpus = [
-        base_tokenizer.apply_chat_template(demonstration(e), tools=TOOLS, tokenize=False) for e in train
-    ]
+    episodes = warm_start_episodes(train, config.guesses, config.seed)
+    corpus = [base_tokenizer.apply_chat_template(e, tools=TOOLS, tokenize=False) for e in episodes]
     tokenizer = train_tokenizer(corpus, vocab_size=config.vocab_size)
     model = build_model(
         tokenizer,
@@ -50,12 +52,42 @@ def build_warm_model(
         seed=config.seed,
         tie_word_embeddings=config.tie_embeddings,
     )
-    encoded = [encode_messages(tokenizer, demonstration(e), TOOLS, train_from=2) for e in train]
+    encoded = [turn for e in episodes for turn in served_turns(tokenizer, e, TOOLS)]
     _sft(model, tokenizer.pad_token_id, encoded, config, say)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@dataclass(frozen=True)
+class Turn:
+    input_ids: list[int]
+    labels: list[int]
+
+
+def served_turns(tokenizer, messages: list[dict], tools: list[dict]) -> list[Turn]:
+    """One SFT example per assistant turn, tokenized as the policy server sees it: the prompt is the
+    conversation so far rendered and tokenized at once (as `LocalEngine.render` does), the labels
+    the turn's own text tokenized alone (as the model generates it).
+
+    A conversation tokenized message by message puts tokens in the history the server never shows
+    (`\\n` `\\n` where the server's prompt has `\\n\\n`), which shifts every position the model
+    learns to copy from (the expression, the calculator's value).
+    """
+    turns = []
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        head = tokenizer.apply_chat_template(
+            messages[:k], tools=tools, add_generation_prompt=True, tokenize=False
+        )
+        full = tokenizer.apply_chat_template(messages[: k + 1], tools=tools, tokenize=False)
+        end = full.index(tokenizer.eos_token, len(head)) + len(tokenizer.eos_token)
+        prompt = tokenizer(head, add_special_tokens=False)["input_ids"]
+        completion = tokenizer(full[len(head) : end], add_special_tokens=False)["input_ids"]
+        turns.append(Turn([*prompt, *completion], [-100] * len(prompt) + completion))
+    return turns
 
 
 def _sft(model, pad_id: int, encoded: list, config: WarmStartConfig, say: Callable[[str], None]) -> None:

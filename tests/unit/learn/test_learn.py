@@ -9,8 +9,8 @@ import json
 import infra.learn.tasks as tasks_module
 from infra.learn.curve import write_curve
 from infra.learn.heldout import evaluate, load_engine
-from infra.learn.tasks import demonstration, split_expressions, write_tasks
-from infra.learn.warmstart import WarmStartConfig, build_warm_model
+from infra.learn.tasks import TOOLS, demonstration, guess, split_expressions, warm_start_episodes, write_tasks
+from infra.learn.warmstart import WarmStartConfig, build_warm_model, served_turns
 from producers.envs.calc import CalcEnv
 from producers.envs.tasks import load_tasks
 
@@ -57,3 +57,30 @@ def test_task_file_and_curve(tmp_path):
     ]
     png = write_curve(points, tmp_path / "curve.png", "test")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_guess_submits_without_the_calculator_and_the_warm_start_mixes_both():
+    episodes = warm_start_episodes(("3 + 4", "9 - 2"), guesses=1, seed=0)
+    tools = [m["tool_calls"][0]["function"]["name"] for e in episodes for m in e if m["role"] == "assistant"]
+    assert tools == ["calculator", "submit", "calculator", "submit", "submit", "submit"]
+    assert guess("3 + 4", seed=0) == guess("3 + 4", seed=0) and episodes[2] == guess("3 + 4", seed=0)
+
+
+def test_warm_start_turns_are_tokenized_as_the_policy_server_renders_them(tmp_path):
+    """Each assistant turn's prompt is exactly the server's prompt ids for the conversation so far
+    (the history re-rendered at once, not message by message), its labels the turn's own text."""
+    split = split_expressions(1, 400, 4, seed=0)
+    config = WarmStartConfig(hidden_size=32, layers=1, vocab_size=600, steps=1, batch_size=2)
+    engine = load_engine(
+        build_warm_model(tmp_path / "warm", split.train, config, lambda _: None), None, "base"
+    )
+    messages = demonstration("8 + 7")
+    turns = served_turns(engine.tokenizer, messages, TOOLS)
+    assert len(turns) == 2
+    for k, turn in zip((2, 4), turns, strict=True):
+        prompt = engine.render(messages[:k], TOOLS)
+        assert turn.input_ids[: len(prompt)] == prompt
+        assert turn.labels[: len(prompt)] == [-100] * len(prompt)
+        completion = engine.tokenizer.decode(turn.labels[len(prompt) :])
+        call = messages[k]["tool_calls"][0]["function"]
+        assert call["name"] in completion and completion.endswith("<|im_end|>")
