@@ -51,9 +51,10 @@ def make_consumer(bootstrap_servers: str, client_id: str, group_id: str | None =
     """A kafka-python `KafkaConsumer` that commits only when told to, reading from the earliest
     offset when its group has none.
 
-    `request_timeout_ms` is the Java client's 30 s, not kafka-python's 305 s: under load a
-    kafka-python 3.0 consumer's `poll()` was seen to stall until its request timeout (a trainer
-    holding a whole GRPO round for 5 minutes); this bounds such a stall.
+    Under load a kafka-python 3.0.12 consumer's `poll()` was seen to stall for about 5 minutes
+    (its IO thread idle in `select`, the trainer holding a whole GRPO round) until the metadata
+    refresh timer (`metadata_max_age_ms`, 300 s by default) woke it; a 10 s refresh bounds such a
+    stall. `request_timeout_ms` is the Java client's 30 s rather than kafka-python's 305 s.
     """
     from kafka import KafkaConsumer
 
@@ -61,6 +62,7 @@ def make_consumer(bootstrap_servers: str, client_id: str, group_id: str | None =
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "request_timeout_ms": 30_000,
+        "metadata_max_age_ms": 10_000,
         **overrides,
     }
     return KafkaConsumer(

@@ -165,6 +165,12 @@ class GroupLane(Lane):
     def key(self, t: TrajectoryScored) -> tuple[str, ...]:
         return self.spec.group_key(t)
 
+    def _duplicate(self, entry: Entry) -> bool:
+        """Never: the members of a group are independent draws, and two that came out the same both
+        count (GRPO's baseline needs every draw). Content dedup held such a group back until its
+        timeout, then trained it incomplete and biased."""
+        return False
+
     def pending_entries(self) -> list[Entry]:
         return self.collector.items() + [m.item for g in self.groups for m in g.members]
 
