@@ -49,22 +49,10 @@ def make_async_producer(bootstrap_servers: str, client_id: str, **overrides: Any
 
 def make_consumer(bootstrap_servers: str, client_id: str, group_id: str | None = None, **overrides: Any):
     """A kafka-python `KafkaConsumer` that commits only when told to, reading from the earliest
-    offset when its group has none.
-
-    Under load a kafka-python 3.0.12 consumer's `poll()` was seen to stall for about 5 minutes
-    (its IO thread idle in `select`, the trainer holding a whole GRPO round) until the metadata
-    refresh timer (`metadata_max_age_ms`, 300 s by default) woke it; a 10 s refresh bounds such a
-    stall. `request_timeout_ms` is the Java client's 30 s rather than kafka-python's 305 s.
-    """
+    offset when its group has none."""
     from kafka import KafkaConsumer
 
-    options = {
-        "enable_auto_commit": False,
-        "auto_offset_reset": "earliest",
-        "request_timeout_ms": 30_000,
-        "metadata_max_age_ms": 10_000,
-        **overrides,
-    }
+    options = {"enable_auto_commit": False, "auto_offset_reset": "earliest", **overrides}
     return KafkaConsumer(
         bootstrap_servers=bootstrap_servers, client_id=client_id, group_id=group_id, **options
     )
