@@ -24,7 +24,13 @@ def register(sub) -> None:
         default=False,
         help="the training loop instead: warm start, rollouts, GRPO, reloads, held-out eval per version",
     )
-    add_option(demo, "--versions", type=int, default=1000, help="--learn: stop after this many versions (the budget stops it first)")
+    add_option(
+        demo,
+        "--versions",
+        type=int,
+        default=1000,
+        help="--learn: stop after this many versions (the budget stops it first)",
+    )
     add_option(demo, "--budget-min", type=float, default=15.0, help="--learn: stop after this many minutes")
     add_option(demo, "--seed", type=int, default=0, help="--learn: seed of the tasks, model and sampling")
 
