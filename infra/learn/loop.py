@@ -192,7 +192,8 @@ def follow_versions(config: LearnConfig, stack, engine, heldout, curve: Curve) -
 
     deadline = curve.started + config.budget_min * 60 - 45  # leave time to stop and plot
     done: set[str] = set()
-    while time.monotonic() < deadline and len(done) < config.versions:
+    last_eval_s = 0.0  # no evaluation starts that would end past the budget
+    while time.monotonic() + last_eval_s < deadline and len(done) < config.versions:
         records = read_to_end(stack.bootstrap_servers, [POLICY_UPDATES])
         updates = [e for r in records if isinstance(e := decode(r.value), PolicyUpdated)]
         fresh = [u for u in updates if u.policy_version not in done]
@@ -202,7 +203,9 @@ def follow_versions(config: LearnConfig, stack, engine, heldout, curve: Curve) -
         newest = fresh[-1]
         done.update(u.policy_version for u in fresh)
         version_engine = engine.with_adapter(Path(newest.checkpoint_path), newest.policy_version)
+        started = time.monotonic()
         _report(curve.add(_evaluate(version_engine, heldout, config)))
+        last_eval_s = time.monotonic() - started
 
 
 def mean_rewards(stack) -> dict[str, float]:
