@@ -152,6 +152,10 @@ class Lane:
         self.done.update(e.trajectory.trajectory_id for e in batch.entries)
 
 
+def _step_event_ids(t: TrajectoryScored) -> list[str | None]:
+    return [s.event_id for s in t.steps]
+
+
 class GroupLane(Lane):
     """A lane that first gathers groups of one task (DPO pairs, GRPO advantages need siblings)."""
 
@@ -166,10 +170,13 @@ class GroupLane(Lane):
         return self.spec.group_key(t)
 
     def _duplicate(self, entry: Entry) -> bool:
-        """Never: the members of a group are independent draws, and two that came out the same both
-        count (GRPO's baseline needs every draw). Content dedup held such a group back until its
-        timeout, then trained it incomplete and biased."""
-        return False
+        """A content copy, unless both are draws of their own: two episodes that came out the same
+        but were recorded apart (different step event ids) both count, as GRPO's baseline needs every
+        draw; dropping them held such a group back until its timeout, then trained it incomplete."""
+        if not super()._duplicate(entry):
+            return False
+        owner = self.index.get(self.hashes[entry.digest])
+        return owner is None or _step_event_ids(owner.trajectory) == _step_event_ids(entry.trajectory)
 
     def pending_entries(self) -> list[Entry]:
         return self.collector.items() + [m.item for g in self.groups for m in g.members]

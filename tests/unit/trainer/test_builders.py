@@ -266,9 +266,7 @@ def test_planner_skips_already_batched_and_duplicates_and_holds_offsets():
     for b in batches:
         p.committed(b)
     assert {b.kind for b in batches} == {"sft", "dpo", "dpo_step", "grpo"}
-    # "dup", one draw more than its (already flushed) group holds, waits in the group lanes as the
-    # start of a new group: its offset is held back
-    assert p.commit_positions({("trajectory.scored", 0): 9}) == {("trajectory.scored", 0): 8}
+    assert p.commit_positions({("trajectory.scored", 0): 9}) == {("trajectory.scored", 0): 9}
     grpo = next(b for b in batches if b.kind == "grpo")
     assert grpo.meta()["source_offsets"] == {"trajectory.scored": {"0": 8}}
     assert grpo.meta()["reward_versions"] == ["rules-1"]
@@ -279,8 +277,12 @@ def test_identical_draws_of_one_group_all_count_and_the_group_is_not_held_back()
     p = Planner(PlannerConfig(kinds=("grpo", "sft"), batch_trajectories=4, flush_interval_s=100,
                               grpo=GRPOGroupConfig(retokenize=True), groups=groups))  # fmt: skip
     first = golden_group()[0]
-    draws = [first, *(first.model_copy(update={"trajectory_id": f"same-{i}"}) for i in range(2)),
-             golden_group()[1]]  # fmt: skip
+
+    def draw(i: int):  # the same content, recorded as an episode of its own (its own step event ids)
+        steps = [s.model_copy(update={"event_id": f"e-{i}-{s.step_index}"}) for s in first.steps]
+        return first.model_copy(update={"trajectory_id": f"same-{i}", "steps": steps})
+
+    draws = [first, draw(1), draw(2), golden_group()[1]]
     for i, t in enumerate(draws):
         p.offer(t, Record("s", 0, i), now=0)
     [batch] = [b for b in p.due(now=0) if b.kind == "grpo"]  # complete at once: no timeout waited
