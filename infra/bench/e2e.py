@@ -6,6 +6,11 @@ in a training batch, as p50/p95/p99, per offered rate; plus per-stage throughput
 Timestamps: a step's publish time is its `occurred_at` (set by the SDK when `step()` is called);
 "in ClickHouse" is the sink's `ingested_at` of the derived event; "in a batch" is the `occurred_at` of
 the `batch.built` event listing the trajectory. All on one machine, so one clock.
+
+CPU: for each rate, the CPU seconds per 1,000 steps of every stack process and of the load
+generators (the agents, recording through the SDK), from the processes' own accounting
+(`infra.bench.cpu`), counted from the start of the load until everything reached ClickHouse. That
+figure is stable on a shared machine where the latencies are not.
 """
 
 from __future__ import annotations
@@ -34,26 +39,43 @@ def run(args) -> dict:
     config = embedded_config(data_dir)
     supervisor = StackSupervisor(config, on_event=lambda m: say(f"[e2e] {m}"))
     supervisor.start()
-    levels, samples = [], {}
+    levels, cpu_rows, samples = [], [], {}
     try:
         _wait_for_clickhouse(config)
         for rate in [float(r) for r in str(args.rates).split(",") if r.strip()]:
-            level, latencies = _run_level(config, supervisor, rate, args)
+            level, cpu, latencies = _run_level(config, supervisor, rate, args)
             levels.append(level)
+            cpu_rows.append(cpu)
             samples[f"{rate:.0f}"] = latencies
     finally:
         supervisor.stop()
         if not args.keep_data:
             shutil.rmtree(data_dir, ignore_errors=True)
     _plot(samples, args.plot)
-    return {"rows": levels, "plot": args.plot, "data_dir": str(data_dir) if args.keep_data else None}
+    return {
+        "rows": levels,
+        "tables": {"CPU seconds per 1,000 steps, per process (load start .. all in ClickHouse)": cpu_rows},
+        "cpu_s_per_1k_steps": cpu_rows,
+        "plot": args.plot,
+        "data_dir": str(data_dir) if args.keep_data else None,
+    }
 
 
-def _run_level(config, supervisor, rate: float, args) -> tuple[dict, dict]:
+def _stack_pids(supervisor) -> dict[str, int]:
+    return {
+        name: entry.popen.pid
+        for name, entry in supervisor.running.items()
+        if entry.popen is not None and entry.popen.poll() is None
+    }
+
+
+def _run_level(config, supervisor, rate: float, args) -> tuple[dict, dict, dict]:
+    from infra.bench import cpu
     from infra.bench.load import LoadSpec, drive
 
     label = f"r{int(rate)}-{int(time.time())}"
     say(f"[e2e] offering {rate:.0f} steps/s for {args.duration:.0f}s ({label})")
+    cpu_before = cpu.snapshot(_stack_pids(supervisor))
     load = drive(
         LoadSpec(
             config.bootstrap_servers,
@@ -67,6 +89,7 @@ def _run_level(config, supervisor, rate: float, args) -> tuple[dict, dict]:
     load_end = time.monotonic()
     drained = _wait_drained(config, supervisor, label, load["episodes"], args.drain_timeout)
     drain_s = time.monotonic() - load_end
+    stack_cpu = cpu.per_thousand(cpu_before, cpu.snapshot(_stack_pids(supervisor)), load["steps"])
     latencies = _latencies(config, label)
     achieved = load["steps"] / load["elapsed_s"]
     row = {
@@ -80,7 +103,17 @@ def _run_level(config, supervisor, rate: float, args) -> tuple[dict, dict]:
     for name, values in latencies.items():
         row.update(_percentiles(name, values))
     row["sustained"] = drained and achieved >= 0.95 * rate and row.get("rule p99 ms", 1e9) < 2000
-    return row, latencies
+    return row, _cpu_row(rate, stack_cpu, load), latencies
+
+
+def _cpu_row(rate: float, stack: dict[str, float | None], load: dict) -> dict:
+    """One rate's CPU seconds per 1,000 steps: each stack process, their sum, and the agents' (SDK)."""
+    measured = [v for v in stack.values() if v is not None]
+    row: dict = {"offered steps/s": rate}
+    row.update(stack)
+    row["stack"] = round(sum(measured), 4) if len(measured) == len(stack) else None
+    row["agents (SDK)"] = round(load["cpu_s"] * 1000 / load["steps"], 4) if load["steps"] else None
+    return row
 
 
 def _percentiles(name: str, values: list[float]) -> dict:

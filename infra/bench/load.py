@@ -35,6 +35,7 @@ def drive(spec: LoadSpec) -> dict:
         "trajectory_ids": [t for r in results for t in r["trajectory_ids"]],
         "elapsed_s": max(r["elapsed_s"] for r in results),
         "delivered": all(r["delivered"] for r in results),
+        "cpu_s": sum(r["cpu_s"] for r in results),
     }
 
 
@@ -57,7 +58,7 @@ def _drive_one(job: tuple[LoadSpec, int]) -> dict:
     }
     steps = episodes = 0
     trajectory_ids = []
-    start = time.monotonic()
+    start, start_cpu = time.monotonic(), time.process_time()
     round_ = 0
     while time.monotonic() - start < spec.duration_s:
         for task in sim.tasks(3):
@@ -81,6 +82,7 @@ def _drive_one(job: tuple[LoadSpec, int]) -> dict:
         "trajectory_ids": trajectory_ids,
         "elapsed_s": time.monotonic() - start,
         "delivered": delivered,
+        "cpu_s": time.process_time() - start_cpu,  # this agent process's CPU: the SDK's cost, all threads
     }
 
 

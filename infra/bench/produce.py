@@ -4,7 +4,8 @@ acknowledgement.
 - SDK: one process records `--steps` steps (2 KB observations, episodes of 100 steps) with
   `AgentRecorder`; throughput = steps / (first `step()` .. `flush()` returned); per-event latency =
   `step()` returned .. the delivery thread saw the broker's acknowledgement (it passes the spool's
-  fsync on the way: every event is written ahead).
+  fsync on the way: every event is written ahead); CPU per step = the process's own CPU time (all
+  its threads: the caller's, the spool writer's, the delivery's and kafka-python's) over the same span.
 - Gateway: an `agentstream gateway` process per Kafka client (aiokafka, and kafka-python in an
   executor) loaded by an aiohttp client with `--concurrency` requests in flight, `--requests`
   requests of `--events-per-request` steps; latency = request sent .. 202 (which the gateway
@@ -64,7 +65,7 @@ def sdk_once(bootstrap: str, data_dir: Path, steps: int, rate: float | None = No
 
     rec = AgentRecorder(bootstrap, data_dir, agent="bench", model="m", on_delivered=on_delivered)
     rec.flush(30)  # connect before the clock starts
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     done = 0
     while done < steps:
         with rec.episode(task_id="bench") as ep:
@@ -79,8 +80,14 @@ def sdk_once(bootstrap: str, data_dir: Path, steps: int, rate: float | None = No
     if not rec.flush(120):
         raise RuntimeError(f"SDK benchmark: {rec.pending} events undelivered after 120 s")
     elapsed = time.perf_counter() - start
+    cpu_s = time.process_time() - start_cpu  # this process's CPU, every thread: the SDK's whole cost
     rec.close()
-    return {"rate": steps / elapsed, "accept_rate": steps / accepted_s, "latencies": latencies}
+    return {
+        "rate": steps / elapsed,
+        "accept_rate": steps / accepted_s,
+        "latencies": latencies,
+        "cpu_us_per_step": cpu_s / steps * 1e6,
+    }
 
 
 def _pace(until: float) -> None:
@@ -153,6 +160,7 @@ def _row(path: str, client: str, events: int, runs: list[dict], latency: str) ->
         "events_per_s": median([r["rate"] for r in runs]),
         "p50_ms": percentile(latencies, 50) * 1000,
         "p99_ms": percentile(latencies, 99) * 1000,
+        "cpu_us_per_event": median([r["cpu_us_per_step"] for r in runs if "cpu_us_per_step" in r]),
         "latency": latency,
     }
 

@@ -74,6 +74,9 @@ def write_report(name: str, result: dict, output: str | None = None) -> Path:
     path.write_text(json.dumps(document, indent=2, default=str))
     say(f"\n## agentstream bench {name}\n")
     say(format_table(result.get("rows", [])))
+    for title, rows in result.get("tables", {}).items():
+        say(f"\n{title}\n")
+        say(format_table(rows))
     lines(f"- {note}" for note in result.get("notes", []))
     say(f"\nJSON: {path}")
     return path
