@@ -196,6 +196,16 @@ def test_derived_ids_are_deterministic():
     assert a != derived_event_id("reward.judge.step", "src-1", "rules-1")
 
 
+@given(st.text())
+def test_derived_ids_are_exactly_uuid5_of_the_namespace(name):
+    """The fast path gives the very ids `uuid.uuid5` gave (replays of old logs keep their ids)."""
+    import uuid
+
+    from schemas.ids import NAMESPACE, uuid5_text
+
+    assert uuid5_text(name) == str(uuid.uuid5(NAMESPACE, name))
+
+
 def test_every_event_type_has_exactly_one_topic():
     assert set(TOPIC_FOR_TYPE) == set(EVENT_MODELS)
     for spec in TOPICS.values():
