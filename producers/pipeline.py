@@ -37,6 +37,7 @@ class RecorderConfig:
     on_full: OnFull = "block"
     block_timeout_s: float = 10.0
     linger_ms: int = 5
+    spool_linger_ms: float = 10.0
     chunk_records: int = 2000
     fsync: bool = True
     segment_bytes: int = 64 * 1024 * 1024
@@ -52,6 +53,8 @@ class RecorderConfig:
             raise ProducerError(f"on_full: expected 'block' or 'raise', got {self.on_full!r}")
         if self.buffer_size < 1:
             raise ProducerError(f"buffer_size: must be at least 1, got {self.buffer_size!r}")
+        if not 0 <= self.spool_linger_ms <= 1000:
+            raise ProducerError(f"spool_linger_ms: must be between 0 and 1000, got {self.spool_linger_ms!r}")
 
 
 class EventBuffer:
@@ -67,8 +70,9 @@ class EventBuffer:
     1
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, batch_items: int | None = None):
         self.capacity = capacity
+        self.batch_items = batch_items or capacity  # a taker lingering for a batch wakes at this many
         self._items: deque = deque()
         self._cond = threading.Condition()
         self.accepted = 0
@@ -91,14 +95,19 @@ class EventBuffer:
                     raise RecorderClosed("the recorder was closed while waiting for buffer room")
             self._items.append(item)
             self.accepted += 1
-            self._cond.notify_all()
+            if len(self._items) in (1, self.batch_items):  # the taker waits for a first item or a batch
+                self._cond.notify_all()
             return self.accepted
 
-    def take(self, max_items: int, wait_s: float) -> list:
-        """Up to `max_items` items, waiting up to `wait_s` for the first one."""
+    def take(self, max_items: int, wait_s: float, linger_s: float = 0.0) -> list:
+        """Up to `max_items` items, waiting up to `wait_s` for the first one, then up to `linger_s`
+        for `batch_items` (so a trickle is taken in batches, not one item at a time)."""
         with self._cond:
             if not self._items:
                 self._cond.wait_for(lambda: self._items or self.closed, wait_s)
+            if self._items and linger_s > 0 and len(self._items) < min(max_items, self.batch_items):
+                target = min(max_items, self.batch_items)
+                self._cond.wait_for(lambda: len(self._items) >= target or self.closed, linger_s)
             out = [self._items.popleft() for _ in range(min(max_items, len(self._items)))]
             if out:
                 self._cond.notify_all()
@@ -128,7 +137,7 @@ class RecordingPipeline:
         self.config = config
         self.spool = Spool.open_slot(spool_root, segment_bytes=config.segment_bytes, fsync=config.fsync)
         self._base_seq = self.spool.end_seq  # acceptance number n is spool sequence base + n - 1
-        self._buffer = EventBuffer(config.buffer_size)
+        self._buffer = EventBuffer(config.buffer_size, batch_items=config.chunk_records)
         self._progress = threading.Condition()
         self._spooled_seq = self.spool.end_seq
         self.writer_error: BaseException | None = None
@@ -160,7 +169,9 @@ class RecordingPipeline:
 
     def _write_loop(self) -> None:
         while True:
-            batch = self._buffer.take(max_items=self.config.chunk_records, wait_s=0.1)
+            batch = self._buffer.take(
+                max_items=self.config.chunk_records, wait_s=0.1, linger_s=self.config.spool_linger_ms / 1000
+            )
             if not batch:
                 if self._buffer.closed and not len(self._buffer):
                     return
@@ -185,6 +196,9 @@ class RecordingPipeline:
                 self._wake.wait(0.1)
                 self._wake.clear()
                 continue
+            if self.spool.pending < self.config.chunk_records and self.config.spool_linger_ms > 0:
+                # a trickle: let a few more steps join this produce request and its two cursor fsyncs
+                self._stop_delivery.wait(self.config.spool_linger_ms / 1000)
             try:
                 self._delivery.deliver_once()
                 backoff = self._delivery.config.retry_backoff_s
