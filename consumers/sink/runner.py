@@ -1,15 +1,24 @@
-"""The sink worker: a kafka-python consumer group over every registry topic, into ClickHouse.
+"""The sink worker: an aiokafka consumer group over every registry topic, into ClickHouse.
 
 Loop: poll -> decode (schemas.codec) -> rows (consumers.sink.rows, pure) -> ClickHouseSink buffer;
-every `batch_rows` rows or `flush_interval_s` seconds: insert, publish dead letters, and only then
-commit the offsets that batch covered. A crash at any point re-delivers from the last commit, and the
-tables deduplicate what was written twice. Undecodable records and unwritable rows go to the DLQ topic
-(`stage="sink"`); dead letters that arrive on the DLQ topic itself land in `dead_letters` (a broken
-record on the DLQ is written there directly, never re-published, so there is no loop).
+flush (insert, publish dead letters, and only then commit the offsets that batch covered) when
+`batch_rows` rows are buffered, or every `flush_interval_s`, or, under light load (fewer than
+`light_load_rows` buffered), already after `early_flush_s` once the previous insert is done. The
+window adapts to the load: every insert costs ClickHouse a new part per table (about 9 ms of CPU in
+chDB whatever its size), so under load the window stays long and the inserts grow instead of
+multiplying, while at a trickle, where that cost is small in total, rows do not wait the full window.
+Fetches wait for `fetch_min_bytes` (or `fetch_max_wait_ms`): a Kafka client spends far more per
+fetch than per record, so following a live stream record by record costs several times the CPU.
+
+A crash at any point re-delivers from the last commit, and the tables deduplicate what was written
+twice. Undecodable records and unwritable rows go to the DLQ topic (`stage="sink"`); dead letters
+that arrive on the DLQ topic itself land in `dead_letters` (a broken record on the DLQ is written
+there directly, never re-published, so there is no loop).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -47,6 +56,21 @@ class SinkConfig:
     topics: tuple[str, ...] = field(default_factory=lambda: tuple(TOPICS))
     batch_rows: int = field(default=5000, metadata={"help": "flush after this many buffered rows"})
     flush_interval_s: float = field(default=0.5, metadata={"help": "flush at least this often (seconds)"})
+    early_flush_s: float = field(
+        default=0.2,
+        metadata={"help": "under light load, flush after this long (seconds) once the writer is idle"},
+    )
+    light_load_rows: int = field(
+        default=200,
+        metadata={"help": "fewer rows than this buffered after --early-flush-s means light load"},
+    )
+    fetch_min_bytes: int = field(
+        default=256 * 1024,
+        metadata={"help": "the broker answers a fetch once this many bytes are ready, or after the wait"},
+    )
+    fetch_max_wait_ms: int = field(
+        default=50, metadata={"help": "longest the broker holds a fetch waiting for --fetch-min-bytes"}
+    )
     max_retry_s: float = field(
         default=300.0, metadata={"help": "retry an unavailable ClickHouse this long, then exit 1"}
     )
@@ -66,6 +90,18 @@ class SinkConfig:
             raise ConsumerConfigError(f"--batch-rows: must be >= 1, got {self.batch_rows!r}")
         if self.flush_interval_s <= 0:
             raise ConsumerConfigError(f"--flush-interval-s: must be > 0, got {self.flush_interval_s!r}")
+        if not 0 <= self.early_flush_s <= self.flush_interval_s:
+            raise ConsumerConfigError(
+                "--early-flush-s: must be between 0 and --flush-interval-s "
+                f"({self.flush_interval_s!r}), got {self.early_flush_s!r}"
+            )
+        if self.light_load_rows < 0:
+            raise ConsumerConfigError(f"--light-load-rows: must be >= 0, got {self.light_load_rows!r}")
+        if self.fetch_min_bytes < 1 or self.fetch_max_wait_ms < 0:
+            raise ConsumerConfigError(
+                "--fetch-min-bytes / --fetch-max-wait-ms: must be >= 1 / >= 0, "
+                f"got {self.fetch_min_bytes!r} / {self.fetch_max_wait_ms!r}"
+            )
         if self.max_retry_s < 0:
             raise ConsumerConfigError(f"--max-retry-s: must be >= 0, got {self.max_retry_s!r}")
         unknown = sorted(set(self.topics) - set(TOPICS))
@@ -85,9 +121,9 @@ class SinkWorker:
     """One sink process's state: consumer, DLQ producer, ClickHouse sink, uncommitted offsets.
 
     Writes are pipelined: a batch is inserted on one writer thread (chDB and HTTP release the GIL)
-    while the consumer thread polls and decodes the next one. At most one batch is in flight, and a
-    batch's offsets are committed, from the consumer thread, only after its insert and its dead
-    letters are durable.
+    while the consumer's event loop polls and decodes the next one (and keeps the group's heartbeats
+    going). At most one batch is in flight, and a batch's offsets are committed, from the event loop,
+    only after its insert and its dead letters are durable.
     """
 
     def __init__(self, config: SinkConfig, client, consumer, producer):
@@ -105,7 +141,7 @@ class SinkWorker:
 
     def handle(self, record) -> None:
         """Turn one Kafka record into buffered rows (or a dead letter)."""
-        from kafka import TopicPartition
+        from aiokafka.structs import TopicPartition
 
         source = Record(
             record.topic, record.partition, record.offset, record.key, record.value or b"", record.timestamp
@@ -125,14 +161,24 @@ class SinkWorker:
             self.sink.add(table, row, source)
 
     def due(self) -> bool:
-        if self.sink.pending >= self.config.batch_rows:
+        """Whether to start a write now: a full batch; rows waiting `flush_interval_s`; or, under light
+        load, rows waiting `early_flush_s` while the writer is idle."""
+        pending = self.sink.pending
+        if pending >= self.config.batch_rows:
             return True
-        return bool(self._offsets) and time.monotonic() - self._last_flush >= self.config.flush_interval_s
+        if not self._offsets:
+            return False
+        waited = time.monotonic() - self._last_flush
+        if waited >= self.config.flush_interval_s:
+            return True
+        light = pending < self.config.light_load_rows
+        writer_idle = self._inflight is None or self._inflight.future.done()
+        return light and writer_idle and waited >= self.config.early_flush_s
 
-    def flush(self) -> None:
+    async def flush(self) -> None:
         """Start writing what is buffered (after committing the batch before it, once durable)."""
         self._last_flush = time.monotonic()
-        self.settle(wait=True)
+        await self.settle(wait=True)
         if not self._offsets:
             return
         rows = self.sink.pending
@@ -141,19 +187,19 @@ class SinkWorker:
         self._inflight = _InFlight(future, self._offsets, self._records, rows)
         self._offsets, self._dead, self._records = {}, [], 0
 
-    def drain(self) -> None:
+    async def drain(self) -> None:
         """Write and commit everything consumed so far (on stop and before partitions move)."""
-        self.flush()
-        self.settle(wait=True)
+        await self.flush()
+        await self.settle(wait=True)
 
-    def settle(self, wait: bool) -> None:
+    async def settle(self, wait: bool) -> None:
         """Commit the in-flight batch once its write is durable; re-raise its failure here."""
         inflight = self._inflight
         if inflight is None or (not wait and not inflight.future.done()):
             return
         self._inflight = None
-        self.stats["dead_letters"] += inflight.future.result()
-        self._commit(inflight.offsets)
+        self.stats["dead_letters"] += await asyncio.wrap_future(inflight.future)
+        await self._commit(inflight.offsets)
         self.stats["records"] += inflight.records
         self.stats["rows"] += inflight.rows
         self.stats["flushes"] += 1
@@ -207,22 +253,20 @@ class SinkWorker:
         self._offsets.clear()
         self._records = 0
 
-    def _commit(self, offsets: dict) -> None:
-        from kafka.structs import OffsetAndMetadata
+    async def _commit(self, offsets: dict) -> None:
+        await self.consumer.commit(dict(offsets))
 
-        self.consumer.commit({tp: OffsetAndMetadata(offset, "", -1) for tp, offset in offsets.items()})
-
-    def run(self, stop: threading.Event) -> None:
+    async def run(self, stop: threading.Event) -> None:
         try:
             while not stop.is_set():
-                batches = self.consumer.poll(timeout_ms=100, max_records=self.config.batch_rows)
+                batches = await self.consumer.getmany(timeout_ms=100, max_records=self.config.batch_rows)
                 for records in batches.values():
                     for record in records:
                         self.handle(record)
-                self.settle(wait=False)  # commit as soon as the previous write is durable
+                await self.settle(wait=False)  # commit as soon as the previous write is durable
                 if self.due():
-                    self.flush()
-            self.drain()
+                    await self.flush()
+            await self.drain()
         finally:
             self._writer.shutdown(wait=True)
 
@@ -237,38 +281,42 @@ def _dead_letter(source: Record, reason: str, error_type: str) -> DeadLetter:
 
 
 def _rebalance_listener(worker_ref: list):
-    from kafka import ConsumerRebalanceListener
+    from aiokafka import ConsumerRebalanceListener
 
     class FlushOnRevoke(ConsumerRebalanceListener):
-        def on_partitions_revoked(self, revoked):
-            from kafka.errors import KafkaError
+        async def on_partitions_revoked(self, revoked):
+            from aiokafka.errors import KafkaError
 
             if not worker_ref:
                 return
             try:
-                worker_ref[0].drain()  # commit what we consumed before someone else takes over
+                await worker_ref[0].drain()  # commit what we consumed before someone else takes over
             except KafkaError as exc:
                 # the rows are written; the new owner re-reads them and the tables deduplicate
                 log.warning("commit on revocation failed (%s); the next owner will re-deliver", exc)
                 worker_ref[0].forget()
 
-        def on_partitions_assigned(self, assigned):
+        async def on_partitions_assigned(self, assigned):
             log.info("sink assigned %d partitions", len(assigned))
 
     return FlushOnRevoke()
 
 
-def _consumer(config: SinkConfig, listener):
-    consumer = make_consumer(
-        config.bootstrap_servers,
-        f"{config.group_id}-consumer",
-        config.group_id,
+def _consumer(config: SinkConfig):
+    from aiokafka import AIOKafkaConsumer
+
+    return AIOKafkaConsumer(
+        bootstrap_servers=config.bootstrap_servers,
+        client_id=f"{config.group_id}-consumer",
+        group_id=config.group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
         max_poll_records=config.batch_rows,
+        fetch_min_bytes=config.fetch_min_bytes,
+        fetch_max_wait_ms=config.fetch_max_wait_ms,
         session_timeout_ms=config.session_timeout_ms,
         heartbeat_interval_ms=max(1000, config.session_timeout_ms // 3),
     )
-    consumer.subscribe(topics=list(config.topics), listener=listener)
-    return consumer
 
 
 def rewind_group(config: SinkConfig) -> None:
@@ -341,16 +389,24 @@ def run_sink(
 
 
 def _consume(config: SinkConfig, client, stop: threading.Event, ready: Callable[[], None] | None) -> dict:
+    return asyncio.run(_consume_async(config, client, stop, ready))
+
+
+async def _consume_async(
+    config: SinkConfig, client, stop: threading.Event, ready: Callable[[], None] | None
+) -> dict:
     worker_ref: list = []
-    consumer = _consumer(config, _rebalance_listener(worker_ref))
+    consumer = _consumer(config)
+    consumer.subscribe(topics=list(config.topics), listener=_rebalance_listener(worker_ref))
     producer = make_producer(config.bootstrap_servers, f"{config.group_id}-dlq")
     worker = SinkWorker(config, client, consumer, producer)
     worker_ref.append(worker)
+    await consumer.start()
     if ready is not None:
         ready()
     try:
-        worker.run(stop)
+        await worker.run(stop)
     finally:
-        consumer.close(autocommit=False)
+        await consumer.stop()
         producer.close()
     return worker.stats
