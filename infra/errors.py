@@ -5,6 +5,7 @@
         ├── StackError            infra/supervisor.py: a supervised component failed to start
         ├── DockerUnavailable     infra/docker_engine.py: the docker path without a reachable engine
         ├── TopicAdminError       infra/broker/topics_cli.py: `agentstream topics ...`
+        ├── ReadmeError           infra/bench/readme.py: `agentstream bench readme`
         └── BrokerError           infra/broker/errors.py: the embedded broker (its subtree is there)
 
 ClickHouse commands raise `clients.clickhouse.ClickHouseError` (the ground floor's root). Every

@@ -34,6 +34,24 @@ def register(sub) -> None:
         add_option(parser, "--repeats", type=int, default=5, help="repeats; figures are medians")
         parser.set_defaults(_bench=name)
         import_module(f"infra.bench.{name}").add_arguments(parser)
+    readme = command_parser(
+        bench,
+        "readme",
+        regenerate_readme,
+        "regenerate the README's performance table from bench JSON",
+        common=False,
+    )
+    add_option(readme, "--e2e", default="docs/bench/e2e.json", help="`bench e2e` JSON to read")
+    add_option(
+        readme, "--produce", default="docs/bench/produce.json", help="`bench produce` JSON (SDK CPU), if any"
+    )
+    add_option(
+        readme,
+        "--baseline",
+        default="docs/bench/e2e-before.json",
+        help="an earlier `bench e2e` JSON whose figures are shown beside the targets, if any",
+    )
+    add_option(readme, "--readme", default="README.md", help="file with the <!-- bench:e2e --> markers")
 
 
 def run_benchmark(args) -> int:
@@ -41,4 +59,24 @@ def run_benchmark(args) -> int:
 
     result = import_module(f"infra.bench.{args._bench}").run(args)
     write_report(args._bench, result, args.output)
+    return 0
+
+
+def regenerate_readme(args) -> int:
+    import json
+    from pathlib import Path
+
+    from infra.bench.readme import ReadmeError, replace_section, section
+    from infra.cli.output import say
+
+    if not Path(args.e2e).exists():
+        raise ReadmeError(f"--e2e: {args.e2e} does not exist (run `agentstream bench e2e --output ...`)")
+    e2e = json.loads(Path(args.e2e).read_text())
+    produce, baseline = (
+        json.loads(Path(path).read_text()) if Path(path).exists() else None
+        for path in (args.produce, args.baseline)
+    )
+    readme = Path(args.readme)
+    readme.write_text(replace_section(readme.read_text(), section(e2e, produce, baseline)))
+    say(f"{readme}: performance table regenerated from {args.e2e}")
     return 0

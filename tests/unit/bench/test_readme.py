@@ -1,0 +1,95 @@
+"""The README's performance table is generated from `bench e2e` JSON (infra/bench/readme.py), and
+`bench e2e`'s CPU rows are per process per 1,000 steps (infra/bench/cpu.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from infra.bench import cpu
+from infra.bench.readme import END, START, ReadmeError, replace_section, section
+
+E2E = {
+    "benchmark": "e2e",
+    "machine": {"when": "2026-11-25T19:00:00Z", "cpus": 2, "python": "3.11.7"},
+    "rows": [
+        {"offered steps/s": 100.0, "achieved steps/s": 100.0, "all in CH": True, "rule p50 ms": 205.0,
+         "rule p99 ms": 856.0, "trajectory p50 ms": 285.0, "trajectory p99 ms": 767.0, "sustained": True},
+        {"offered steps/s": 5000.0, "achieved steps/s": 4938.3, "all in CH": True, "rule p50 ms": 32006.0,
+         "rule p99 ms": 55107.0, "trajectory p50 ms": 33406.0, "trajectory p99 ms": 55280.0,
+         "sustained": False},
+    ],
+    "cpu_s_per_1k_steps": [
+        {"offered steps/s": 100.0, "broker": 1.5, "rules": 0.9, "assembler": 1.2, "sink": 3.3,
+         "trainer": 0.24, "stack": 7.14, "agents (SDK)": 1.2},
+        {"offered steps/s": 5000.0, "broker": 0.08, "rules": 0.25, "assembler": 0.35, "sink": 0.33,
+         "trainer": 0.04, "stack": 1.05, "agents (SDK)": 0.18},
+    ],
+}  # fmt: skip
+
+
+def test_the_table_has_a_row_per_rate_with_each_process_cpu():
+    text = section(E2E)
+    assert "| offered steps/s | achieved | all in CH |" in text
+    assert "| 5,000 | 4,938 | yes | 32,006 / 55,107 | 33,406 / 55,280 | 1.050 | 0.080 | 0.250 |" in text
+    assert "2026-11-25T19:00:00Z" in text
+
+
+def test_each_target_says_reached_or_not_from_the_figures():
+    text = section(E2E, {"rows": [{"path": "sdk", "cpu_us_per_event": 86.0}]})
+    assert "- 5,000 steps/s sustained with rule p99 under 2 s: not reached (rule p99 55,107 ms)" in text
+    assert "- rule p50 under 300 ms at 100 steps/s: reached (205 ms)" in text
+    assert "- SDK CPU at most 50 µs per step (`bench produce`, flat out): not reached (86 µs)" in text
+    assert "at 1,000 steps/s: not measured in this run" in text  # no 1,000 steps/s row
+
+
+def test_only_the_marked_section_is_rewritten():
+    readme = f"# title\nbefore\n{START}\nold table\n{END}\nafter\n"
+    out = replace_section(readme, "new table")
+    assert out == f"# title\nbefore\n{START}\nnew table\n{END}\nafter\n"
+    assert replace_section(out, "new table") == out  # idempotent
+
+
+def test_a_readme_without_markers_or_a_foreign_json_is_a_clear_error():
+    with pytest.raises(ReadmeError, match="bench:e2e"):
+        replace_section("# no markers\n", "x")
+    with pytest.raises(ReadmeError, match="not a `bench e2e` result"):
+        section({"benchmark": "sink", "rows": []})
+
+
+def test_the_committed_readme_is_generated_from_the_committed_json():
+    """README.md's table is exactly what `agentstream bench readme` makes of docs/bench/*.json."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    e2e = json.loads((root / "docs/bench/e2e.json").read_text())
+    produce, baseline = (
+        json.loads(path.read_text()) if path.exists() else None
+        for path in (root / "docs/bench/produce.json", root / "docs/bench/e2e-before.json")
+    )
+    readme = (root / "README.md").read_text()
+    assert replace_section(readme, section(e2e, produce, baseline)) == readme
+
+
+def test_a_baseline_run_is_shown_beside_each_target():
+    slower = {**E2E, "machine": {"when": "2026-11-24T10:00:00Z"}}
+    slower["rows"] = [{**E2E["rows"][0], "rule p50 ms": 347.0}, E2E["rows"][1]]
+    text = section(E2E, None, slower)
+    assert "the baseline run of 2026-11-24T10:00:00Z" in text
+    assert "- rule p50 under 300 ms at 100 steps/s: reached (205 ms; was 347 ms)" in text
+
+
+def test_cpu_per_thousand_counts_only_processes_seen_at_both_ends_with_one_pid():
+    before = {"sink": (10, 1.0), "rules": (11, 2.0), "broker": (12, 0.5)}
+    after = {"sink": (10, 3.0), "rules": (99, 2.5), "trainer": (13, 1.0)}  # rules restarted
+    assert cpu.per_thousand(before, after, 2000) == {
+        "broker": None, "rules": None, "sink": 1.0, "trainer": None,
+    }  # fmt: skip
+
+
+def test_process_cpu_reads_this_process():
+    spent = cpu.process_cpu_s(os.getpid())
+    assert spent is not None and spent > 0
+    assert cpu.process_cpu_s(2**22 + 12345) is None  # no such process
