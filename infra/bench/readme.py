@@ -93,9 +93,7 @@ def _targets(e2e: dict, produce: dict | None, baseline: dict | None = None) -> l
     base_rows, base_cpu = _figures(baseline)
     when = (baseline or {}).get("machine", {}).get("when", "?")
     out = [
-        f"Targets ("was": the baseline run of {when}, before the hot-path work):"
-        if baseline
-        else "Targets:",
+        f'Targets ("was": the baseline run of {when}, before the hot-path work):' if baseline else "Targets:",
         "",
     ]
 
