@@ -59,7 +59,7 @@ class WorkerConfig:
         metadata={
             "flag": "--batch-within",
             "env": "AGENTSTREAM_BATCH_WITHIN",
-            "help": "seconds to wait to fill a batch",
+            "help": "judge: seconds to wait to fill a batch (rules and assembler take each fetch)",
         },
     )
     reward_version: str = field(default="rules-1", metadata={"help": "version stamped on rule rewards"})

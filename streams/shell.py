@@ -1,7 +1,11 @@
 """The one batch shell every stream role runs in: consume a batch, check continuity, process
 purely, publish, stage state, commit.
 
-Per batch (`stream.take_events(batch_max, within=batch_within_s)`), under the role's lock:
+Batches come straight from the consumer (`consume_in_batches`: each fetch, at most `batch_max`
+messages at a time, through streams/faust_compat.py `deliver_in_batches`, bypassing faust's
+per-event stream; the rules and the assembler), or from a faust stream
+(`consume`: `stream.take_events(batch_max, within=batch_within_s)`; the judge, whose batches
+wait for slow calls). Per batch, under the role's lock:
 
 1. continuity: a batch that follows offsets this worker never received exits the role before faust
    acks it (streams/offsets.py), unless retention deleted those offsets;
@@ -97,11 +101,38 @@ class BatchShell:
         name = name or self.name
         continuity = OffsetContinuity()
         async for events in stream.take_events(batch_max, within=within_s):
-            await finish_batch(name, partial(self._batch, name, events, process, continuity))
+            messages = [event.message for event in events]
+            await finish_batch(name, partial(self._batch, name, messages, process, continuity))
 
-    async def _batch(self, name: str, events, process: Process, continuity: OffsetContinuity) -> None:
-        await check_continuity(self.app, name, events, continuity)
-        records = [_record(event) for event in events]
+    def consume_in_batches(self, source, batch_max: int, process: Process, name: str = "") -> None:
+        """Every fetch of `source`'s topics through `process`, at most `batch_max` messages at a time,
+        straight from the consumer: no per-event stream, and no window to wait for (a batch is what
+        one fetch brought, so it grows with the load). Each message is acked once its batch is
+        published. The role's agent must still subscribe to `source` and run `hold`."""
+        name = name or self.name
+        continuity = OffsetContinuity()
+
+        async def handle(messages: list) -> None:
+            for start in range(0, len(messages), batch_max):
+                chunk = messages[start : start + batch_max]
+                await finish_batch(name, partial(self._batch, name, chunk, process, continuity))
+                for message in chunk:
+                    faust_compat.ack(self.app, message)
+
+        faust_compat.deliver_in_batches(self.app, source.topics, handle)
+
+    async def hold(self, stream) -> None:
+        """The body of an agent under `consume_in_batches`: it keeps faust's subscription, recovery
+        and acks for the topics and receives nothing. A message reaching it would be acked by the
+        stream without being processed, so that exits instead."""
+        async for event in stream:
+            exit_without_committing(
+                self.name, BatchFailed(f"{event.message.topic}: message bypassed the batch path")
+            )
+
+    async def _batch(self, name: str, messages, process: Process, continuity: OffsetContinuity) -> None:
+        await check_continuity(self.app, name, messages, continuity)
+        records = [_record(message) for message in messages]
         async with self.lock:
             self.stats.first(len(records))
             started = time.perf_counter()
@@ -168,9 +199,8 @@ async def _maybe_await(value):
     return await value if inspect.isawaitable(value) else value
 
 
-def _record(event) -> Record:
-    message = event.message
-    return Record(message.topic, message.partition, message.offset, message.key, event.value)
+def _record(message) -> Record:
+    return Record(message.topic, message.partition, message.offset, message.key, message.value)
 
 
 class BatchStats:
@@ -211,13 +241,13 @@ class BatchStats:
             self.reset(now)
 
 
-async def check_continuity(app, name: str, events, continuity: OffsetContinuity) -> None:
+async def check_continuity(app, name: str, messages, continuity: OffsetContinuity) -> None:
     """Exit before acking a batch that follows offsets this worker never received.
 
     A gap is accepted only when retention deleted those offsets (the log now starts after them)."""
     committed = faust_compat.committed_offsets(app)
     gaps = continuity.check(
-        ((e.message.generation_id, e.message.topic, e.message.partition, e.message.offset) for e in events),
+        ((m.generation_id, m.topic, m.partition, m.offset) for m in messages),
         lambda topic, partition: committed.get((topic, partition)),
     )
     for gap in gaps:

@@ -36,9 +36,12 @@ def register(app, config: WorkerConfig) -> TrajectoryAssembler:
             log.info("%s: grace period over for %d trajectories", processor.name, len(result.outputs))
         return result
 
-    @app.agent(shell.source(*processor.sources), name=processor.name)
+    source = shell.source(*processor.sources)
+    shell.consume_in_batches(source, config.batch_max, process)
+
+    @app.agent(source, name=processor.name)
     async def assembler(stream):
-        await shell.consume(stream, config.batch_max, config.batch_within_s, process)
+        await shell.hold(stream)  # subscribes; the batches come through consume_in_batches
 
     @app.timer(config.timer_interval_s, name=f"{processor.name}-grace")
     async def grace():

@@ -20,8 +20,11 @@ def register(app, config: WorkerConfig) -> RuleRewarder:
     shell = BatchShell(app, processor.name, config.partitions)
     process = partial(processor.process, get_state=shell.get())
 
-    @app.agent(shell.source(*processor.sources), name=processor.name)
+    source = shell.source(*processor.sources)
+    shell.consume_in_batches(source, config.batch_max, process)
+
+    @app.agent(source, name=processor.name)
     async def rules(stream):
-        await shell.consume(stream, config.batch_max, config.batch_within_s, process)
+        await shell.hold(stream)  # subscribes; the batches come through consume_in_batches
 
     return processor
