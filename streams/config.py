@@ -62,6 +62,19 @@ class WorkerConfig:
             "help": "judge: seconds to wait to fill a batch (rules and assembler take each fetch)",
         },
     )
+    fetch_min_bytes: int = field(
+        default=64 * 1024,
+        metadata={
+            "help": "rules/assembler: a fetch (= a batch) waits for this many bytes, or --fetch-max-wait-ms"
+        },
+    )
+    fetch_max_wait_ms: int = field(
+        default=25,
+        metadata={
+            "env": "AGENTSTREAM_WORKER_FETCH_MAX_WAIT_MS",
+            "help": "rules/assembler: longest a fetch waits for --fetch-min-bytes",
+        },
+    )
     reward_version: str = field(default="rules-1", metadata={"help": "version stamped on rule rewards"})
     timer_interval_s: float = 1.0
     session_timeout_s: float = 10.0  # a killed worker's partitions move on after this long
@@ -77,6 +90,11 @@ class WorkerConfig:
             )
         if self.grace_seconds <= 0:
             raise WorkerConfigError(f"--grace-seconds: must be > 0, got {self.grace_seconds!r}")
+        if self.fetch_min_bytes < 1 or self.fetch_max_wait_ms < 0:
+            raise WorkerConfigError(
+                "--fetch-min-bytes / --fetch-max-wait-ms: must be >= 1 / >= 0, "
+                f"got {self.fetch_min_bytes!r} / {self.fetch_max_wait_ms!r}"
+            )
         if self.batch_max < 1 or self.batch_within_s <= 0:
             raise WorkerConfigError(
                 "--batch-max / --batch-within: must be positive, "

@@ -68,6 +68,7 @@ CLASS_ATTRIBUTES = (
     ("faust.transport.consumer:Consumer", "_drain_messages"),
     ("faust.transport.consumer:Consumer", "_add_gap"),
     ("faust.transport.consumer:Consumer", "ack"),
+    ("faust.transport.drivers.aiokafka:AIOKafkaConsumerThread", "_create_worker_consumer"),
     ("faust.tables.base:Collection", "data"),
 )
 # (path from a constructed faust App, attribute): set in constructors, so checked on an instance.
@@ -100,6 +101,9 @@ def import_faust():
         from faust.transport.consumer import Consumer
 
         Consumer._drain_messages = _batched_drain(Consumer._drain_messages)
+        AIOKafkaConsumerThread._create_worker_consumer = _sized_fetches(
+            AIOKafkaConsumerThread._create_worker_consumer
+        )
         _applied = True
     return faust
 
@@ -190,6 +194,25 @@ def _snapshot_getmany(original):
         return await original(self, active_partitions, timeout)
 
     return getmany
+
+
+def set_fetch_size(app, min_bytes: int, max_wait_ms: int) -> None:
+    """Fetches of `app`'s consumer are answered once `min_bytes` are ready or after `max_wait_ms`
+    (faust passes neither to aiokafka). Under `deliver_in_batches` a fetch is a batch."""
+    app._agentstream_fetch = (min_bytes, max_wait_ms)
+
+
+def _sized_fetches(create):
+    def create_worker_consumer(self, transport):
+        consumer = create(self, transport)
+        sizing = getattr(self.app, "_agentstream_fetch", None)
+        if sizing is not None:  # read by AIOKafkaConsumer.start(), which has not run yet
+            if not hasattr(consumer, "_fetch_min_bytes"):
+                log.warning("this aiokafka has no _fetch_min_bytes: fetches are not sized")
+            consumer._fetch_min_bytes, consumer._fetch_max_wait_ms = sizing
+        return consumer
+
+    return create_worker_consumer
 
 
 def deliver_in_batches(app, topics, handler) -> None:

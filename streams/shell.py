@@ -121,6 +121,11 @@ class BatchShell:
 
         faust_compat.deliver_in_batches(self.app, source.topics, handle)
 
+    def size_fetches(self, min_bytes: int, max_wait_ms: int) -> None:
+        """A fetch, and so a batch under `consume_in_batches`, waits for `min_bytes` or `max_wait_ms`."""
+        if min_bytes > 1:
+            faust_compat.set_fetch_size(self.app, min_bytes, max_wait_ms)
+
     async def hold(self, stream) -> None:
         """The body of an agent under `consume_in_batches`: it keeps faust's subscription, recovery
         and acks for the topics and receives nothing. A message reaching it would be acked by the

@@ -38,6 +38,7 @@ def register(app, config: WorkerConfig) -> TrajectoryAssembler:
 
     source = shell.source(*processor.sources)
     shell.consume_in_batches(source, config.batch_max, process)
+    shell.size_fetches(config.fetch_min_bytes, config.fetch_max_wait_ms)
 
     @app.agent(source, name=processor.name)
     async def assembler(stream):

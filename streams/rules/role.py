@@ -22,6 +22,7 @@ def register(app, config: WorkerConfig) -> RuleRewarder:
 
     source = shell.source(*processor.sources)
     shell.consume_in_batches(source, config.batch_max, process)
+    shell.size_fetches(config.fetch_min_bytes, config.fetch_max_wait_ms)
 
     @app.agent(source, name=processor.name)
     async def rules(stream):
