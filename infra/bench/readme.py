@@ -11,6 +11,8 @@ The targets are those of the hot-path issue; each line says whether the measured
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from infra.errors import InfraError
 
@@ -94,53 +96,61 @@ def _targets(e2e: dict, produce: dict | None, baseline: dict | None = None) -> l
     head = f'Targets ("was": the baseline run of {when}, before the hot-path work):'
     now, before = _measures(e2e, produce), _measures(baseline, None) if baseline else {}
     out = [head if baseline else "Targets:", ""]
-    for name, (target, limit, unit, below) in TARGETS.items():
-        value, was = now.get(name), before.get(name)
-        reached = None if value is None else (value < limit if below else bool(value))
-        shown = None
-        if value is not None:
-            shown = f"{_n(value, 0)} {unit}" if below else f"rule p99 {_n(now.get('p99 at high rate'), 0)} ms"
-            if was is not None:
-                shown += (
-                    f"; was {_n(was, 0)} {unit}"
-                    if below
-                    else f"; was {_n(before.get('p99 at high rate'), 0)} ms"
-                )
-        out.append(_verdict(target, reached, shown))
+    for target in TARGETS:
+        value = now.get(target.figure)
+        if value is None:
+            out.append(f"- {target.text}: not measured in this run")
+            continue
+        shown = f"{target.label}{_n(value, 0)} {target.unit}"
+        if before.get(target.figure) is not None:
+            shown += f"; was {_n(before[target.figure], 0)} {target.unit}"
+        verdict = "reached" if target.reached(now) else "not reached"
+        out.append(f"- {target.text}: {verdict} ({shown})")
     return out
 
 
-# name -> (target as said, limit, unit, True when the figure must stay below the limit; False: a flag)
-TARGETS = {
-    "stack us per step": (
+@dataclass(frozen=True)
+class Target:
+    """A target as the issue says it, the figure shown for it, and whether the figures reach it."""
+
+    text: str
+    figure: str  # a `_measures` name
+    unit: str
+    reached: Callable[[dict[str, float]], bool]
+    label: str = ""
+
+
+TARGETS = (
+    Target(
         f"stack CPU at most {CPU_TARGET_S_PER_1K * 1000:.0f} µs per step at 1,000 steps/s",
-        CPU_TARGET_S_PER_1K * 1000 + 1e-9,
+        "stack us per step",
         "µs",
-        True,
+        lambda m: m["stack us per step"] <= CPU_TARGET_S_PER_1K * 1000,
     ),
-    "sdk us per step": (
+    Target(
         f"SDK CPU at most {SDK_TARGET_US:.0f} µs per step (`bench produce`, flat out)",
-        SDK_TARGET_US + 1e-9,
+        "sdk us per step",
         "µs",
-        True,
+        lambda m: m["sdk us per step"] <= SDK_TARGET_US,
     ),
-    "sustained": (
+    Target(
         f"{SUSTAINED_RATE:,.0f} steps/s sustained with rule p99 under {SUSTAINED_P99_MS / 1000:.0f} s",
-        0,
-        "",
-        False,
-    ),
-    "p50 at low rate": (
-        f"rule p50 under {LOW_P50_MS:.0f} ms at {LOW_RATE:.0f} steps/s",
-        LOW_P50_MS,
+        "p99 at high rate",
         "ms",
-        True,
+        lambda m: bool(m.get("sustained")),
+        label="rule p99 ",
     ),
-}
+    Target(
+        f"rule p50 under {LOW_P50_MS:.0f} ms at {LOW_RATE:.0f} steps/s",
+        "p50 at low rate",
+        "ms",
+        lambda m: m["p50 at low rate"] < LOW_P50_MS,
+    ),
+)
 
 
 def _measures(e2e: dict | None, produce: dict | None) -> dict[str, float]:
-    """The figures the targets are about, by `TARGETS` name (absent when not measured)."""
+    """The figures the targets are about, by `Target.figure` name (absent when not measured)."""
     rows, cpu = _figures(e2e)
     out: dict[str, float] = {}
     stack = cpu.get(1000.0, {}).get("stack")
@@ -164,12 +174,6 @@ def _sdk_us(produce: dict | None) -> float | None:
         if row.get("path") == "sdk" and isinstance(row.get("cpu_us_per_event"), int | float):
             return float(row["cpu_us_per_event"])
     return None
-
-
-def _verdict(target: str, reached: bool | None, measured: str | None) -> str:
-    if reached is None:
-        return f"- {target}: not measured in this run"
-    return f"- {target}: {'reached' if reached else 'not reached'} ({measured})"
 
 
 def _n(value, digits: int) -> str:
