@@ -54,7 +54,9 @@ def run(args) -> dict:
     _plot(samples, args.plot)
     return {
         "rows": levels,
-        "tables": {"CPU seconds per 1,000 steps, per process (load start .. all in ClickHouse)": cpu_rows},
+        "tables": {
+            "CPU seconds per 1,000 steps, per process (load start .. all in ClickHouse)": "cpu_s_per_1k_steps"
+        },
         "cpu_s_per_1k_steps": cpu_rows,
         "plot": args.plot,
         "data_dir": str(data_dir) if args.keep_data else None,

@@ -74,9 +74,9 @@ def write_report(name: str, result: dict, output: str | None = None) -> Path:
     path.write_text(json.dumps(document, indent=2, default=str))
     say(f"\n## agentstream bench {name}\n")
     say(format_table(result.get("rows", [])))
-    for title, rows in result.get("tables", {}).items():
+    for title, key in result.get("tables", {}).items():  # further tables: title -> the result's key
         say(f"\n{title}\n")
-        say(format_table(rows))
+        say(format_table(result.get(key, [])))
     lines(f"- {note}" for note in result.get("notes", []))
     say(f"\nJSON: {path}")
     return path
