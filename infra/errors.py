@@ -6,6 +6,8 @@
         ├── DockerUnavailable     infra/docker_engine.py: the docker path without a reachable engine
         ├── TopicAdminError       infra/broker/topics_cli.py: `agentstream topics ...`
         ├── ReadmeError           infra/bench/readme.py: `agentstream bench readme`
+        ├── FilterError           infra/clickhouse/browse.py: a malformed filter (field and value named)
+        ├── ConsoleError          infra/console/: the web console's configuration or startup
         └── BrokerError           infra/broker/errors.py: the embedded broker (its subtree is there)
 
 ClickHouse commands raise `clients.clickhouse.ClickHouseError` (the ground floor's root). Every
@@ -19,3 +21,15 @@ from schemas.errors import AgentstreamError
 
 class InfraError(AgentstreamError):
     """Root for the `infra` package: the CLI, the broker, the stack supervisor, demo and benchmarks."""
+
+
+class FilterError(InfraError):
+    """A filter of the trajectory list that cannot be used: names the field and the value."""
+
+    def __init__(self, field: str, value: object, reason: str):
+        self.field, self.value, self.reason = field, value, reason
+        super().__init__(f"{field}={value!r}: {reason}")
+
+
+class ConsoleError(InfraError):
+    """The web console cannot start as configured (the message names the option)."""

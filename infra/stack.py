@@ -1,6 +1,6 @@
 """`agentstream up`: which processes make the embedded stack (broker, one stream worker per role,
-sink, trainer, optionally judge, gateway, policy server and training executor) and where they keep
-their logs and state.
+sink, trainer, optionally judge, gateway, policy server, training executor and the web console) and
+where they keep their logs and state.
 
 The processes themselves are run by `infra.supervisor.Supervisor` (start order, readiness, restarts
 with backoff, stop on SIGTERM / SIGINT in reverse order, no orphans); this module adds what is
@@ -38,15 +38,19 @@ class StackConfig:
     trainer_args: tuple[str, ...] = ()
     train: bool = False
     train_args: tuple[str, ...] = ()
+    console: bool = False  # `agentstream up` turns it on unless --no-console
+    console_port: int = 8090
     extra_env: dict[str, str] = field(default_factory=dict)
 
-    def query(self, sql: str) -> list[tuple]:
-        """The rows of `sql` on the stack's ClickHouse (waits while the sink opens chDB)."""
+    def query(self, sql) -> list[tuple]:
+        """The rows of `sql` (text or an `Sql` with bound values) on the stack's ClickHouse (waits
+        while the sink opens chDB)."""
         from clients.clickhouse.client import connect
+        from infra.clickhouse.sql import run
 
         client = connect(self.clickhouse_url, wait_s=30)
         try:
-            return list(client.query(sql).result_rows)
+            return run(client, sql)
         finally:
             client.close()
 
@@ -62,7 +66,10 @@ def components(config: StackConfig) -> list[Component]:
             out.append(Component(role if config.workers == 1 else f"{role}-{i}", ("worker", "--roles", role)))
     if config.judge:
         out.append(Component("judge", ("worker", "--roles", "judge")))
-    out.append(Component("sink", ("sink",)))
+    if config.console:  # the console reads through the sink's endpoint: start it once the sink serves
+        out.append(Component("sink", ("sink", "--ready-file", "run/sink.ready"), ready_file="run/sink.ready"))
+    else:
+        out.append(Component("sink", ("sink",)))
     if config.trainer:
         out.append(Component("trainer", ("trainer", *config.trainer_args)))
     if config.train:  # after the trainer whose batches it follows; `train_args` may override --kinds
@@ -71,6 +78,8 @@ def components(config: StackConfig) -> list[Component]:
         out.append(_server("gateway", config.gateway_port))
     if config.policy:  # serves the trainer's newest checkpoint and follows policy.updated
         out.append(_server("policy", config.policy_port))
+    if config.console:
+        out.append(_server("console", config.console_port))
     return out
 
 
@@ -146,6 +155,7 @@ def embedded_config(data_dir: Path, **overrides) -> StackConfig:
         "bootstrap_servers": f"127.0.0.1:{port}",
         "clickhouse_url": f"chdb://{data_dir / 'clickhouse'}",
         "broker_port": port,
+        "console_port": free_port(),
     }
     return StackConfig(data_dir=data_dir, **{**defaults, **overrides})
 

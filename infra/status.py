@@ -45,6 +45,61 @@ def collect(bootstrap_servers: str, sample_s: float = 1.0) -> StackStatus:
     return StackStatus(totals, rates, [g for g in groups if g is not None], dlq)
 
 
+class StatusSampler:
+    """Samples on demand with long-lived clients (the console's overview): each `sample()` reads the
+    end offsets and the groups' committed offsets once, and rates come from the previous sample, so
+    nothing sleeps and nothing polls while nobody looks. Not thread-safe: one caller at a time."""
+
+    def __init__(self, bootstrap_servers: str):
+        self.bootstrap_servers = bootstrap_servers
+        self._clients = None
+        self._previous: tuple[float, dict[str, int]] | None = None
+
+    def sample(self) -> StackStatus:
+        try:
+            return self._sample()
+        except Exception:
+            self.close()  # a broker restart: connect afresh next time
+            raise
+
+    def _sample(self) -> StackStatus:
+        consumer, admin = self._connected()
+        partitions = _partitions(consumer)
+        ends = consumer.end_offsets(partitions)
+        starts = consumer.beginning_offsets(partitions)
+        groups = [_group_lag(admin, group, ends) for group in _group_ids(admin)]
+        now, totals = time.monotonic(), _by_topic(ends)
+        rates: dict[str, float] = {}
+        if self._previous is not None and now > self._previous[0]:
+            then, before = self._previous
+            rates = {t: max(0.0, (totals[t] - before.get(t, 0)) / (now - then)) for t in totals}
+        self._previous = (now, totals)
+        dlq = sum(ends[tp] - starts[tp] for tp in ends if tp.topic == DLQ)
+        return StackStatus(totals, rates, [g for g in groups if g is not None], dlq)
+
+    def _connected(self):
+        if self._clients is None:
+            from kafka import KafkaAdminClient, KafkaConsumer
+
+            consumer = KafkaConsumer(
+                bootstrap_servers=self.bootstrap_servers, client_id="agentstream-console"
+            )
+            admin = KafkaAdminClient(
+                bootstrap_servers=self.bootstrap_servers, client_id="agentstream-console"
+            )
+            self._clients = (consumer, admin)
+        return self._clients
+
+    def close(self) -> None:
+        if self._clients is not None:
+            for client in self._clients:
+                try:
+                    client.close()
+                except Exception:  # closing a client of a broker that is gone
+                    pass
+            self._clients = None
+
+
 def _partitions(consumer):
     from kafka import TopicPartition
 

@@ -21,6 +21,7 @@ from infra.commands import (
     bench,
     broker,
     clickhouse,
+    console,
     evaluate,
     ingest,
     judge,
@@ -52,6 +53,7 @@ COMMAND_MODULES = (
     trainer,
     policy,
     evaluate,
+    console,
 )
 
 # Client libraries that narrate every connection at INFO; they speak up at WARNING unless asked (DEBUG).

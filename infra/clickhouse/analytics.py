@@ -7,7 +7,8 @@ The leaderboard compares groups (model, agent or policy version) within each dom
   of its domain (highest mean reward), with Holm's step-down correction over the comparisons of that
   domain (`p_holm`); `significant` means p_holm < 0.05.
 
-Callers pass `query(sql) -> list[tuple]`, so this module never opens a connection itself.
+Callers pass `query(sql) -> list[tuple]` (sql: an `infra.clickhouse.sql.Sql`, values bound
+server-side), so this module never opens a connection itself. The console runs these same builders.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from dataclasses import dataclass
 from datetime import date
 
 from clients.clickhouse import DATABASE, ClickHouseError
+from infra.clickhouse.sql import Sql
 
-Query = Callable[[str], Sequence[tuple]]
+Query = Callable[[Sql], Sequence[tuple]]
 BY_CHOICES = ("model", "agent", "policy_version")
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20260101
@@ -35,18 +37,21 @@ def quote(value: str) -> str:
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def episode_rewards_sql(by: str = "model", domain: str | None = None, since: date | str | None = None) -> str:
+def episode_rewards_sql(by: str = "model", domain: str | None = None, since: date | str | None = None) -> Sql:
     """SQL for one row per finished episode: (domain, group, success, reward)."""
     if by not in BY_CHOICES:
         raise ClickHouseError(f"by={by!r}: must be one of {', '.join(BY_CHOICES)}")
-    where = ["success IS NOT NULL"]
+    where, params = ["success IS NOT NULL"], {}
     if domain:
-        where.append(f"domain = {quote(domain)}")
+        where.append("domain = {domain:String}")
+        params["domain"] = domain
     if since:
-        where.append(f"day >= toDate({quote(str(since))})")
-    return (
+        where.append("day >= toDate({since:String})")
+        params["since"] = str(since)
+    return Sql(
         f"SELECT domain, {by}, success, reward FROM {DATABASE}.episode_outcomes "
-        f"WHERE {' AND '.join(where)} ORDER BY domain, {by}, trajectory_id"
+        f"WHERE {' AND '.join(where)} ORDER BY domain, {by}, trajectory_id",
+        params,
     )
 
 
@@ -185,35 +190,37 @@ def leaderboard_rows(
 # --- one trajectory, step by step -----------------------------------------------------------------
 
 
-def trajectory_sql(trajectory_id: str) -> dict[str, str]:
+def trajectory_sql(trajectory_id: str) -> dict[str, Sql]:
     """The queries behind `agentstream trajectory ID` (every layer, deduplicated)."""
-    tid = quote(trajectory_id)
     db = DATABASE
-    return {
+    texts = {
         "episode": (
-            f"SELECT trajectory_id, domain, agent, model, policy_version, task_id, success, score, reward, "
-            f"total_reward, outcome_score, process_score, efficiency_score, total_steps "
-            f"FROM {db}.episode_outcomes WHERE trajectory_id = {tid}"
+            "SELECT trajectory_id, domain, agent, model, policy_version, task_id, success, score, reward, "
+            "total_reward, outcome_score, process_score, efficiency_score, total_steps "
+            f"FROM {db}.episode_outcomes WHERE trajectory_id = {{tid:String}}"
         ),
         "steps": (
-            f"SELECT step_index, tool, exit_code, error, left(observation, 60) AS observation "
-            f"FROM {db}.steps FINAL WHERE trajectory_id = {tid} ORDER BY step_index"
+            "SELECT step_index, tool, exit_code, error, left(observation, 60) AS observation "
+            f"FROM {db}.steps FINAL WHERE trajectory_id = {{tid:String}} ORDER BY step_index"
         ),
         "rule": (
-            f"SELECT step_index, argMax(score, occurred_at), argMax(redundancy, occurred_at), "
-            f"argMax(regression, occurred_at), argMax(info_utilization, occurred_at) "
-            f"FROM {db}.rule_rewards FINAL WHERE trajectory_id = {tid} GROUP BY step_index"
+            "SELECT step_index, argMax(score, occurred_at), argMax(redundancy, occurred_at), "
+            "argMax(regression, occurred_at), argMax(info_utilization, occurred_at) "
+            f"FROM {db}.rule_rewards FINAL WHERE trajectory_id = {{tid:String}} GROUP BY step_index"
         ),
         "judge": (
             f"SELECT step_index, argMax(score, occurred_at) FROM {db}.judge_scores FINAL "
-            f"WHERE trajectory_id = {tid} AND kind = 'step' GROUP BY step_index"
+            "WHERE trajectory_id = {tid:String} AND kind = 'step' GROUP BY step_index"
         ),
         "human": (
             f"SELECT step_index, avg(score) FROM {db}.annotations FINAL "
-            f"WHERE trajectory_id = {tid} AND step_index IS NOT NULL GROUP BY step_index"
+            "WHERE trajectory_id = {tid:String} AND step_index IS NOT NULL GROUP BY step_index"
         ),
-        "process": (f"SELECT step_process_scores FROM {db}.trajectories FINAL WHERE trajectory_id = {tid}"),
+        "process": (
+            f"SELECT step_process_scores FROM {db}.trajectories FINAL WHERE trajectory_id = {{tid:String}}"
+        ),
     }
+    return {name: Sql(text, {"tid": trajectory_id}) for name, text in texts.items()}
 
 
 def trajectory_steps(results: dict[str, Sequence[tuple]]) -> list[dict]:

@@ -87,10 +87,11 @@ def sql_cmd(args) -> int:
 
 def leaderboard_cmd(args) -> int:
     from infra.clickhouse.analytics import leaderboard_rows
+    from infra.clickhouse.sql import run
 
     client = _client(args)
     try:
-        rows = leaderboard_rows(lambda sql: client.query(sql).result_rows, args.by, args.domain, args.since)
+        rows = leaderboard_rows(lambda sql: run(client, sql), args.by, args.domain, args.since)
     finally:
         client.close()
     say(render(rows, args.format))
@@ -103,21 +104,13 @@ def leaderboard_cmd(args) -> int:
 
 
 def trajectory_cmd(args) -> int:
-    from clients.clickhouse import ClickHouseError
-    from infra.clickhouse.analytics import trajectory_sql, trajectory_steps
+    from infra.clickhouse.browse import trajectory_scores
 
     client = _client(args)
     try:
-        results = {
-            name: client.query(sql).result_rows for name, sql in trajectory_sql(args.trajectory_id).items()
-        }
-        header = client.query(trajectory_sql(args.trajectory_id)["episode"])
+        episode, steps = trajectory_scores(client, args.trajectory_id)
     finally:
         client.close()
-    steps = trajectory_steps(results)
-    if not steps and not results["episode"]:
-        raise ClickHouseError(f"trajectory_id {args.trajectory_id!r}: no such trajectory in ClickHouse")
-    episode = dict(zip(header.column_names, results["episode"][0], strict=True)) if results["episode"] else {}
     if args.format == "json":
         say(json.dumps({"episode": episode, "steps": steps}, indent=2, default=str))
         return 0
@@ -125,4 +118,25 @@ def trajectory_cmd(args) -> int:
         say(" ".join(f"{k}={v}" for k, v in episode.items() if v is not None))
         say("")
     say(render(steps, args.format))
+    return 0
+
+
+def trajectories_cmd(args) -> int:
+    from infra.clickhouse.browse import parse_filter, trajectory_page
+
+    given = {
+        k[len("filter_") :]: v for k, v in vars(args).items() if k.startswith("filter_") and v is not None
+    }
+    page_filter = parse_filter(given)
+    client = _client(args)
+    try:
+        page = trajectory_page(client, page_filter)
+    finally:
+        client.close()
+    if args.format == "json":
+        say(json.dumps({k: page[k] for k in ("rows", "total", "pages")}, indent=2, default=str))
+        return 0
+    say(render(page["rows"], args.format))
+    if args.format == "table":
+        say(f"\npage {page_filter.page} of {page['pages']} ({page['total']} trajectories)")
     return 0

@@ -4,12 +4,20 @@
 - `agentstream sql "SELECT ..."`: run SQL, print a table, CSV or JSON.
 - `agentstream leaderboard`: per-group success rate, mean reward with bootstrap CI, Welch test vs best.
 - `agentstream trajectory ID`: one trajectory step by step with every reward layer.
+- `agentstream trajectories`: the filtered, paginated trajectory list (the console's list query).
 """
 
 from __future__ import annotations
 
 from infra.cli.options import add_option, command_parser, group_parser
-from infra.clickhouse.commands import leaderboard_cmd, migrate_cmd, serve_cmd, sql_cmd, trajectory_cmd
+from infra.clickhouse.commands import (
+    leaderboard_cmd,
+    migrate_cmd,
+    serve_cmd,
+    sql_cmd,
+    trajectories_cmd,
+    trajectory_cmd,
+)
 
 
 def register(sub) -> None:
@@ -42,3 +50,27 @@ def register(sub) -> None:
     traj = command_parser(sub, "trajectory", trajectory_cmd, "one trajectory step by step")
     traj.add_argument("trajectory_id", help="the trajectory id")
     add_option(traj, "--format", choices=["table", "csv", "json"], default="table", help="output format")
+
+    _register_trajectories(sub)
+
+
+def _register_trajectories(sub) -> None:
+    listing = command_parser(
+        sub, "trajectories", trajectories_cmd, "list trajectories, filtered, newest first"
+    )
+    for name, text in (
+        ("domain", "only this domain"),
+        ("agent", "only this agent"),
+        ("model", "only this model"),
+        ("policy-version", "only episodes sampled by this policy version"),
+        ("success", "true, false or any"),
+        ("reward-min", "total reward at least this"),
+        ("reward-max", "total reward at most this"),
+        ("since", "ended at or after this date or time (UTC, e.g. 2026-11-25T14:30)"),
+        ("until", "ended at or before this date or time (UTC)"),
+        ("search", "case-insensitive text in the task"),
+        ("page", "page number, from 1"),
+        ("page-size", "rows per page (at most 200)"),
+    ):
+        add_option(listing, f"--{name}", dest=f"filter_{name.replace('-', '_')}", help=text)
+    add_option(listing, "--format", choices=["table", "csv", "json"], default="table", help="output format")

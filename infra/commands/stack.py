@@ -69,6 +69,8 @@ def _register_up(sub) -> None:
         default="",
         help='more `agentstream train` options for --train, one string (e.g. "--base-model DIR --lora-r 16")',
     )
+    add_option(up, "--no-console", action="store_true", default=False, help="do not run the web console")
+    add_option(up, "--console-port", type=int, default=8090, help="web console port (127.0.0.1)")
     add_option(up, "--no-trainer", action="store_true", default=False, help="do not run the trainer consumer")
     add_option(
         up,
@@ -113,6 +115,8 @@ def _stack_config(args):
         policy=bool(args.policy),
         policy_port=args.policy_port,
         trainer=not args.no_trainer,
+        console=not args.no_console,
+        console_port=args.console_port,
         train=bool(args.train),
         train_args=tuple(shlex.split(args.train_args or "")),
     )
@@ -137,7 +141,8 @@ def up_command(args) -> int:
     supervisor = StackSupervisor(config, on_event=_announce)
     output.say(f"[up] starting stack in {config.data_dir.resolve()} (logs in {config.data_dir / 'logs'})")
     names = ", ".join(supervisor.running)
-    ready = f"running: {names}; Kafka at {config.bootstrap_servers}; Ctrl-C or SIGTERM stops"
+    console = f"; console at http://127.0.0.1:{config.console_port}/" if config.console else ""
+    ready = f"running: {names}; Kafka at {config.bootstrap_servers}{console}; Ctrl-C or SIGTERM stops"
     try:
         supervisor.run(on_ready=lambda: _announce(ready))
     finally:

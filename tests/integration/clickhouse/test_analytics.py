@@ -49,9 +49,10 @@ def test_leaderboard_ranks_best_first_and_tests_against_it():
     assert unscored["scored"] == 0 and math.isnan(unscored["mean_reward"])
 
 
-def test_episode_rewards_sql_quotes_and_validates():
+def test_episode_rewards_sql_binds_values_and_validates_the_column():
     sql = episode_rewards_sql("agent", domain="it's", since="2026-01-01")
-    assert "domain = 'it\\'s'" in sql and "GROUP" not in sql and ", agent," in sql
+    assert "domain = {domain:String}" in sql.text and "it's" not in sql.text and ", agent," in sql.text
+    assert sql.params == {"domain": "it's", "since": "2026-01-01"}
     with pytest.raises(ClickHouseError, match="by='nope'"):
         episode_rewards_sql("nope")
 

@@ -1,0 +1,49 @@
+"""`agentstream console`: the read-only web console (options generated from ConsoleConfig)."""
+
+from __future__ import annotations
+
+from infra.cli import output
+from infra.cli.configs import add_config_options, config_from_args
+from infra.cli.options import add_option, command_parser
+from infra.console.config import ConsoleConfig
+
+
+def register(sub) -> None:
+    console = command_parser(
+        sub, "console", run_console, "web console: stream, trajectories, leaderboard, training (read-only)"
+    )
+    add_config_options(console, ConsoleConfig)
+    add_option(console, "--ready-file", help="write host:port here once listening")
+
+
+def run_console(args) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from infra.console.app import serve
+    from schemas.settings import Settings
+
+    # A broker that is down is reported on the overview page; kafka-python would log every retry.
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    settings = Settings.from_args(args)
+    config = config_from_args(
+        ConsoleConfig,
+        args,
+        clickhouse_url=settings.resolved_clickhouse_url,
+        bootstrap_servers=settings.bootstrap_servers,
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, args.ready_file, stop, on_listening=_announce)
+
+    asyncio.run(main())
+    return 0
+
+
+def _announce(url: str) -> None:
+    output.say(f"console at {url} (read-only); Ctrl-C stops")

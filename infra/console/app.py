@@ -1,0 +1,362 @@
+"""`agentstream console`: the read-only web console (aiohttp + Jinja2, pages rendered on the server).
+
+Routes: `/` overview (refreshes itself from `/api/overview`), `/trajectories` (filters in the URL),
+`/trajectories/<trajectory_id>`, `/leaderboard`, `/training`, `/static/...` (the app's own assets:
+nothing is fetched from elsewhere), `/healthz`. Every response carries `Server-Timing: app;dur=<ms>`.
+
+Bad input never reaches a stack trace: an unknown trajectory is a 404 page, a malformed filter a 400
+page naming the field and the value, ClickHouse trouble a 503 page with its one-line reason. The
+data comes from `infra.console.data`, which runs the CLI's queries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import math
+import time
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from infra.console import charts
+from infra.console.config import ConsoleConfig
+from infra.console.data import ConsoleData
+from infra.errors import FilterError
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+OBSERVATION_FOLD = 400  # characters shown before an observation is folded
+
+
+def create_app(config: ConsoleConfig, data: ConsoleData | None = None):
+    """The aiohttp application; `data` is injectable for tests and benchmarks."""
+    from aiohttp import web
+
+    app = web.Application(middlewares=[_timing, _errors, _auth])
+    app["config"] = config
+    app["data"] = data or ConsoleData(config)
+    app["templates"] = _templates()
+    app.router.add_get("/", overview_page)
+    app.router.add_get("/api/overview", overview_api)
+    app.router.add_get("/trajectories", trajectories_page)
+    app.router.add_get("/trajectories/{trajectory_id}", trajectory_page)
+    app.router.add_get("/leaderboard", leaderboard_page)
+    app.router.add_get("/training", training_page)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_static("/static/", HERE / "static", name="static", append_version=True)
+
+    async def _close(app_):
+        await asyncio.get_running_loop().run_in_executor(None, app_["data"].close)
+
+    app.on_cleanup.append(_close)
+    return app
+
+
+def _templates():
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(num=fmt_number, when=fmt_time, qs=query_string, pct=fmt_percent)
+    return env
+
+
+# --- formatting (pure) -----------------------------------------------------------------------------
+
+
+def fmt_number(value: Any, digits: int = 3) -> str:
+    """A number for a person; None and NaN are a dash (never a made-up zero).
+
+    >>> fmt_number(0.123456), fmt_number(None), fmt_number(float("nan")), fmt_number(1234)
+    ('0.123', '—', '—', '1,234')
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def fmt_percent(value: Any) -> str:
+    """
+    >>> fmt_percent(0.5), fmt_percent(None)
+    ('50.0%', '—')
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{100 * float(value):.1f}%"
+
+
+def fmt_time(value: Any) -> str:
+    """
+    >>> fmt_time(datetime(2026, 11, 25, 14, 30, 1, 500000))
+    '2026-11-25 14:30:01'
+    """
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, date):
+        return value.isoformat()
+    return "—" if value is None else str(value)
+
+
+def query_string(values: dict[str, Any]) -> str:
+    return urlencode({k: v for k, v in values.items() if v not in (None, "")})
+
+
+# --- middlewares -----------------------------------------------------------------------------------
+
+
+def _middleware(fn):
+    from aiohttp import web
+
+    return web.middleware(fn)
+
+
+@_middleware
+async def _timing(request, handler):
+    started = time.perf_counter()
+    response = await handler(request)
+    response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
+    return response
+
+
+@_middleware
+async def _errors(request, handler):
+    from aiohttp import web
+
+    try:
+        return await handler(request)
+    except FilterError as exc:
+        return _error_page(request, 400, "That filter cannot be used", str(exc))
+    except web.HTTPNotFound:
+        return _error_page(request, 404, "Not found", f"Nothing is served at {request.path}.")
+    except web.HTTPException:
+        raise
+    except Exception as exc:
+        return _unexpected(request, exc)
+
+
+def _unexpected(request, exc: Exception):
+    from clients.clickhouse import ClickHouseError
+
+    name = type(exc).__name__
+    if isinstance(exc, ClickHouseError) or "clickhouse" in type(exc).__module__:
+        log.warning("ClickHouse query for %s failed: %s", request.path, exc)
+        first_line = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else name
+        return _error_page(request, 503, "ClickHouse is not answering", first_line)
+    log.exception("console: %s %s failed", request.method, request.path)
+    return _error_page(request, 500, "Something went wrong", f"{name}; the console's log has the details.")
+
+
+def _error_page(request, status: int, title: str, message: str):
+    if request.path.startswith("/api/"):
+        return _json({"error": message}, status)
+    return _render(request, "error.html", {"title": title, "message": message, "status": status}, status)
+
+
+@_middleware
+async def _auth(request, handler):
+    from aiohttp import web
+
+    config: ConsoleConfig = request.app["config"]
+    if not config.keys_required or request.path == "/healthz":
+        return await handler(request)
+    from producers.gateway_requests import key_allowed
+
+    if key_allowed(presented_key(request.headers), config.api_key_hashes):
+        return await handler(request)
+    return web.Response(
+        status=401,
+        text="an API key is required: Authorization: Bearer KEY, X-API-Key: KEY, or the key as the password",
+        headers={"WWW-Authenticate": 'Basic realm="agentstream console", charset="UTF-8"'},
+    )
+
+
+def presented_key(headers) -> str | None:
+    """The gateway's key headers, plus HTTP Basic with the key as the password (what a browser sends).
+
+    >>> presented_key({"Authorization": "Basic " + base64.b64encode(b"me:KEY").decode()})
+    'KEY'
+    """
+    from producers.gateway_requests import presented_key as gateway_key
+
+    auth = headers.get("Authorization", "")
+    if auth[:6].lower() == "basic ":
+        try:
+            return base64.b64decode(auth[6:].strip()).decode("utf-8").partition(":")[2] or None
+        except ValueError:
+            return None
+    return gateway_key(headers)
+
+
+# --- handlers --------------------------------------------------------------------------------------
+
+
+async def _blocking(request, fn, *args):
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+def _render(request, template: str, context: dict, status: int = 200):
+    from aiohttp import web
+
+    config: ConsoleConfig = request.app["config"]
+    page = request.app["templates"].get_template(template)
+    base = {"path": request.path, "refresh_s": config.refresh_s, "static": _static_url(request)}
+    text = page.render(**base, **context)
+    return web.Response(status=status, text=text, content_type="text/html", charset="utf-8")
+
+
+def _static_url(request):
+    def url(name: str) -> str:  # versioned (?v=<hash>): a new release is never served from a stale cache
+        return str(request.app.router["static"].url_for(filename=name))
+
+    return url
+
+
+def _json(body: Any, status: int = 200):
+    from aiohttp import web
+
+    return web.Response(status=status, text=json.dumps(body, default=str), content_type="application/json")
+
+
+async def healthz(request):
+    return _json({"ok": True})
+
+
+async def overview_page(request):
+    overview = await _blocking(request, request.app["data"].overview)
+    return _render(request, "overview.html", {"overview": overview, "title": "Overview"})
+
+
+async def overview_api(request):
+    return _json(await _blocking(request, request.app["data"].overview))
+
+
+async def trajectories_page(request):
+    page = await _blocking(request, request.app["data"].trajectories, dict(request.query))
+    return _render(request, "trajectories.html", {"page": page, "f": page["filter"], "title": "Trajectories"})
+
+
+async def trajectory_page(request):
+    trajectory_id = request.match_info["trajectory_id"]
+    detail = await _blocking(request, request.app["data"].trajectory, trajectory_id)
+    if detail is None:
+        return _error_page(
+            request, 404, "No such trajectory", f"ClickHouse has no trajectory with id {trajectory_id!r}."
+        )
+    if request.query.get("format") == "json":
+        return _json(detail)
+    context = {"t": detail, "fold": OBSERVATION_FOLD, "title": f"Trajectory {trajectory_id}"}
+    return _render(request, "trajectory.html", context)
+
+
+async def leaderboard_page(request):
+    board = await _blocking(request, request.app["data"].leaderboard, dict(request.query))
+    chart = _reward_by_step_chart(board["reward_by_step"])
+    return _render(request, "leaderboard.html", {"b": board, "chart": chart, "title": "Leaderboard"})
+
+
+async def training_page(request):
+    training = await _blocking(request, request.app["data"].training)
+    return _render(
+        request, "training.html", {"tr": training, **_training_charts(training), "title": "Training"}
+    )
+
+
+# --- charts (pure) ---------------------------------------------------------------------------------
+
+
+def _markup(svg: str):
+    from markupsafe import Markup
+
+    return Markup(svg)  # charts.py escapes every label it draws
+
+
+def _reward_by_step_chart(rows: list[dict]):
+    steps = sorted({r["step_index"] for r in rows})
+    series: dict[str, list] = {}
+    for r in rows:
+        series.setdefault(f"{r['domain']} rule", [None] * len(steps))[steps.index(r["step_index"])] = r[
+            "mean_rule_score"
+        ]
+        if r["mean_judge_score"] is not None:
+            series.setdefault(f"{r['domain']} judge", [None] * len(steps))[steps.index(r["step_index"])] = r[
+                "mean_judge_score"
+            ]
+    return _markup(charts.line_chart([str(s) for s in steps], series, "Mean reward by step index", "reward"))
+
+
+def _training_charts(training: dict) -> dict:
+    times = sorted({r["t"] for r in training["batches_over_time"]})
+    kinds: dict[str, list] = {}
+    for r in training["batches_over_time"]:
+        kinds.setdefault(r["kind"], [0] * len(times))[times.index(r["t"])] = r["rows"]
+    labels = [t.strftime("%H:%M:%S") for t in times]
+    curve = training["learning_curve"]
+    versions = [r["policy_version"] or "(none)" for r in curve]
+    return {
+        "batches_chart": _markup(
+            charts.line_chart(labels, kinds, "Rows in training batches, by kind", "rows")
+        ),
+        "curve_chart": _markup(
+            charts.line_chart(
+                versions,
+                {
+                    "success rate": [r["success_rate"] for r in curve],
+                    "mean total reward": [r["mean_total_reward"] for r in curve],
+                },
+                "Learning curve: success and reward by policy version",
+            )
+        ),
+    }
+
+
+# --- serving ---------------------------------------------------------------------------------------
+
+
+async def serve(
+    config: ConsoleConfig,
+    ready_file: str | None = None,
+    stop: asyncio.Event | None = None,
+    on_listening=None,
+) -> None:
+    """Serve until cancelled (or `stop` is set); writes `host:port` to `ready_file` once listening."""
+    from aiohttp import web
+
+    data = ConsoleData(config)
+    await asyncio.get_running_loop().run_in_executor(None, data.clickhouse.client)  # fail early, clearly
+    runner = web.AppRunner(create_app(config, data), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    log.info(
+        "console at http://%s:%s/ (ClickHouse %s, Kafka %s)",
+        host,
+        port,
+        config.clickhouse_url,
+        config.bootstrap_servers,
+    )
+    if on_listening is not None:
+        on_listening(f"http://{host}:{port}/")
+    if ready_file:
+        tmp = Path(ready_file).with_suffix(".tmp")
+        tmp.write_text(f"{host}:{port}")
+        tmp.replace(ready_file)
+    try:
+        await (stop.wait() if stop is not None else asyncio.Event().wait())
+    finally:
+        await runner.cleanup()
