@@ -158,8 +158,8 @@ _WHERE = {
     "success": ("success = {success:UInt8}", "success"),
     "reward_min": ("total_reward >= {reward_min:Float64}", "reward_min"),
     "reward_max": ("total_reward <= {reward_max:Float64}", "reward_max"),
-    "since": ("coalesce(ended_at, occurred_at) >= {since:DateTime64(3)}", "since"),
-    "until": ("coalesce(ended_at, occurred_at) <= {until:DateTime64(3)}", "until"),
+    "since": ("coalesce(ended_at, occurred_at) >= {since:DateTime64(3, 'UTC')}", "since"),
+    "until": ("coalesce(ended_at, occurred_at) <= {until:DateTime64(3, 'UTC')}", "until"),
     "search": ("positionCaseInsensitiveUTF8(task, {search:String}) > 0", "search"),
 }
 LIST_COLUMNS = (

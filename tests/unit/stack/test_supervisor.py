@@ -139,3 +139,25 @@ def test_the_policy_server_is_a_stack_component_only_when_asked(tmp_path):
     with_policy = {c.name: c for c in components(embedded_config(tmp_path, policy=True, policy_port=8123))}
     assert with_policy["policy"].args[:3] == ("policy", "--port", "8123")
     assert with_policy["policy"].ready_file == "run/policy.ready"
+
+
+def test_the_console_comes_last_once_the_sink_serves_clickhouse(tmp_path):
+    from infra.stack import components, embedded_config
+
+    assert "console" not in [c.name for c in components(embedded_config(tmp_path))]
+    config = embedded_config(tmp_path, console=True)
+    parts = {c.name: c for c in components(config)}
+    assert list(parts)[-1] == "console"
+    assert parts["console"].args[:3] == ("console", "--port", str(config.console_port))
+    assert parts["console"].ready_file == "run/console.ready"
+    assert parts["sink"].ready_file == "run/sink.ready" and "--ready-file" in parts["sink"].args
+
+
+def test_up_runs_the_console_unless_told_not_to():
+    from infra.cli.main import build_parser
+    from infra.commands.stack import _stack_config
+
+    parser = build_parser()
+    assert _stack_config(parser.parse_args(["up"])).console
+    config = _stack_config(parser.parse_args(["up", "--no-console", "--console-port", "9001"]))
+    assert not config.console and config.console_port == 9001
