@@ -62,7 +62,7 @@ def _batches(bootstrap: str) -> list[BatchBuilt]:
 
 def _start(tmp_path: Path, data_dir: Path, port: int) -> Proc:
     args = ["up", "--policy", "--policy-port", str(port), "--train", "--train-args", TRAIN_ARGS,
-            "--data-dir", str(data_dir), "--broker-port", str(free_port())]  # fmt: skip
+            "--data-dir", str(data_dir), "--broker-port", str(free_port()), "--no-console"]  # fmt: skip
     up = Proc([*AGENTSTREAM, *args], tmp_path / "up.log", env=LOOP_ENV)
     wait_for(lambda: "[up] running:" in up.log_text() or not up.alive(), timeout_s=180, what="the stack")
     assert up.alive(), up.log_text()[-3000:]

@@ -21,11 +21,11 @@ from infra.supervisor import STOP_GRACE_S
 from tests.support.processes import AGENTSTREAM, Proc, descendants, free_port, hard_kill, pid_gone, wait_for
 
 pytestmark = [pytest.mark.integration]
-STACK = ("broker", "rules", "assembler", "sink")
+STACK = ("broker", "rules", "assembler", "sink", "console")
 
 
 def _started_stack(tmp_path: Path) -> tuple[Proc, list[int]]:
-    """`agentstream up` (broker, both roles, sink; no trainer) once every component runs; its PIDs."""
+    """`agentstream up` (broker, roles, sink, console; no trainer) once every component runs; its PIDs."""
     data_dir = tmp_path / "stack"
     args = [
         *AGENTSTREAM,
@@ -34,6 +34,8 @@ def _started_stack(tmp_path: Path) -> tuple[Proc, list[int]]:
         "--data-dir",
         str(data_dir),
         "--broker-port",
+        str(free_port()),
+        "--console-port",
         str(free_port()),
     ]
     up = Proc(args, tmp_path / "up.log")
