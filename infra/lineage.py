@@ -1,5 +1,6 @@
 """What trained a policy version, down to the step events: the queries and the report of
-`agentstream lineage VERSION`. The caller passes `query(sql) -> list[dict]`; no connection here.
+`agentstream lineage VERSION` and the console's version page. The caller passes `query(sql) -> list[dict]`
+(sql: an `Sql`); no connection here.
 
 The walk: `policy_versions` (parent, method, metrics, staleness, lineage) -> `batches` (kind, rows,
 source offsets) -> `trajectories` (which version sampled each) -> `steps` (event id and the policy
@@ -13,47 +14,40 @@ from collections import Counter
 from typing import Any
 
 from clients.clickhouse import DATABASE, ClickHouseError
+from infra.clickhouse.sql import Sql
 
-Query = Any  # Callable[[str], list[dict]]
-
-
-def quote(value: str) -> str:
-    """A ClickHouse string literal.
-
-    >>> quote("v1'; DROP")
-    "'v1\\\\'; DROP'"
-    """
-    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+Query = Any  # Callable[[Sql], list[dict]]: the values are bound by ClickHouse, never quoted here
 
 
-def _in(values: list[str]) -> str:
-    return "(" + ", ".join(quote(v) for v in values) + ")" if values else "('')"
+def version_sql(version: str) -> Sql:
+    return Sql(
+        f"SELECT * FROM {DATABASE}.policy_versions FINAL WHERE policy_version = {{v:String}}", {"v": version}
+    )
 
 
-def version_sql(version: str) -> str:
-    return f"SELECT * FROM {DATABASE}.policy_versions FINAL WHERE policy_version = {quote(version)}"
-
-
-def batches_sql(batch_ids: list[str]) -> str:
-    return (
+def batches_sql(batch_ids: list[str]) -> Sql:
+    return Sql(
         "SELECT batch_id, kind, row_count, path, trajectory_ids, source_offsets, policy_versions "
-        f"FROM {DATABASE}.batches FINAL WHERE batch_id IN {_in(batch_ids)} ORDER BY batch_id"
+        f"FROM {DATABASE}.batches FINAL WHERE batch_id IN {{ids:Array(String)}} ORDER BY batch_id",
+        {"ids": list(batch_ids)},
     )
 
 
-def trajectories_sql(trajectory_ids: list[str]) -> str:
-    return (
+def trajectories_sql(trajectory_ids: list[str]) -> Sql:
+    return Sql(
         "SELECT trajectory_id, policy_version, success, total_reward, total_steps "
-        f"FROM {DATABASE}.trajectories FINAL WHERE trajectory_id IN {_in(trajectory_ids)} "
-        "ORDER BY trajectory_id"
+        f"FROM {DATABASE}.trajectories FINAL WHERE trajectory_id IN {{ids:Array(String)}} "
+        "ORDER BY trajectory_id",
+        {"ids": list(trajectory_ids)},
     )
 
 
-def steps_sql(trajectory_ids: list[str]) -> str:
-    return (
+def steps_sql(trajectory_ids: list[str]) -> Sql:
+    return Sql(
         "SELECT event_id, trajectory_id, step_index, policy_version "
-        f"FROM {DATABASE}.steps FINAL WHERE trajectory_id IN {_in(trajectory_ids)} "
-        "ORDER BY trajectory_id, step_index, event_id"
+        f"FROM {DATABASE}.steps FINAL WHERE trajectory_id IN {{ids:Array(String)}} "
+        "ORDER BY trajectory_id, step_index, event_id",
+        {"ids": list(trajectory_ids)},
     )
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from schemas.topics import DLQ, TOPICS
 
@@ -14,6 +14,7 @@ class GroupLag:
     group: str
     topics: tuple[str, ...]
     lag: int
+    committed: int = 0  # sum of the group's committed offsets: its progress
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class StackStatus:
     rates: dict[str, float]  # topic -> records/s over the sampling window
     groups: list[GroupLag]
     dlq_count: int
+    group_rates: dict[str, float] = field(default_factory=dict)  # group -> records/s it committed
 
 
 def collect(bootstrap_servers: str, sample_s: float = 1.0) -> StackStatus:
@@ -53,7 +55,7 @@ class StatusSampler:
     def __init__(self, bootstrap_servers: str):
         self.bootstrap_servers = bootstrap_servers
         self._clients = None
-        self._previous: tuple[float, dict[str, int]] | None = None
+        self._previous: tuple[float, dict[str, int], dict[str, int]] | None = None
 
     def sample(self) -> StackStatus:
         try:
@@ -69,13 +71,17 @@ class StatusSampler:
         starts = consumer.beginning_offsets(partitions)
         groups = [_group_lag(admin, group, ends) for group in _group_ids(admin)]
         now, totals = time.monotonic(), _by_topic(ends)
+        groups = [g for g in groups if g is not None]
+        progress = {g.group: g.committed for g in groups}
         rates: dict[str, float] = {}
+        group_rates: dict[str, float] = {}
         if self._previous is not None and now > self._previous[0]:
-            then, before = self._previous
-            rates = {t: max(0.0, (totals[t] - before.get(t, 0)) / (now - then)) for t in totals}
-        self._previous = (now, totals)
+            then, before, before_groups = self._previous
+            rates = _per_second(totals, before, now - then)
+            group_rates = _per_second(progress, before_groups, now - then)
+        self._previous = (now, totals, progress)
         dlq = sum(ends[tp] - starts[tp] for tp in ends if tp.topic == DLQ)
-        return StackStatus(totals, rates, [g for g in groups if g is not None], dlq)
+        return StackStatus(totals, rates, groups, dlq, group_rates)
 
     def _connected(self):
         if self._clients is None:
@@ -100,6 +106,14 @@ class StatusSampler:
             self._clients = None
 
 
+def _per_second(now: dict[str, int], before: dict[str, int], seconds: float) -> dict[str, float]:
+    """
+    >>> _per_second({"a": 30, "b": 5}, {"a": 10}, 2.0)
+    {'a': 10.0}
+    """
+    return {k: max(0.0, (v - before[k]) / seconds) for k, v in now.items() if k in before}
+
+
 def _partitions(consumer):
     from kafka import TopicPartition
 
@@ -120,7 +134,7 @@ def _group_lag(admin, group: str, ends: dict) -> GroupLag | None:
     if not relevant:
         return None
     lag = sum(max(0, ends[tp] - offset) for tp, offset in relevant.items())
-    return GroupLag(group, tuple(sorted({tp.topic for tp in relevant})), lag)
+    return GroupLag(group, tuple(sorted({tp.topic for tp in relevant})), lag, sum(relevant.values()))
 
 
 def _by_topic(offsets: dict) -> dict[str, int]:

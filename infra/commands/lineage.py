@@ -21,17 +21,13 @@ def register(sub) -> None:
 
 def lineage_cmd(args) -> int:
     from clients.clickhouse.client import connect
+    from infra.clickhouse.sql import run_dicts
     from infra.lineage import collect, format_lineage
     from schemas.settings import Settings
 
     client = connect(Settings.from_args(args).resolved_clickhouse_url, wait_s=5.0)
     try:
-
-        def query(sql: str) -> list[dict]:
-            result = client.query(sql)
-            return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
-
-        lineage = collect(query, args.version)
+        lineage = collect(lambda sql: run_dicts(client, sql), args.version)
     finally:
         client.close()
     if args.json:

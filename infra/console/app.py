@@ -46,6 +46,7 @@ def create_app(config: ConsoleConfig, data: ConsoleData | None = None):
     app.router.add_get("/trajectories/{trajectory_id}", trajectory_page)
     app.router.add_get("/leaderboard", leaderboard_page)
     app.router.add_get("/training", training_page)
+    app.router.add_get("/training/versions/{version}", version_page)
     app.router.add_get("/healthz", healthz)
     app.router.add_static("/static/", HERE / "static", name="static", append_version=True)
 
@@ -274,6 +275,18 @@ async def training_page(request):
     return _render(
         request, "training.html", {"tr": training, **_training_charts(training), "title": "Training"}
     )
+
+
+async def version_page(request):
+    version = request.match_info["version"]
+    lineage = await _blocking(request, request.app["data"].lineage, version)
+    if lineage is None:
+        return _error_page(
+            request, 404, "No such policy version", f"No policy version {version!r} was published."
+        )
+    if request.query.get("format") == "json":
+        return _json(lineage)
+    return _render(request, "version.html", {"l": lineage, "title": f"Policy version {version}"})
 
 
 # --- charts (pure) ---------------------------------------------------------------------------------

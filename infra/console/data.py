@@ -145,7 +145,15 @@ class ConsoleData:
             {"topic": t, "records": n, "rate": status.rates.get(t)}
             for t, n in sorted(status.end_offsets.items())
         ]
-        groups = [{"group": g.group, "topics": ", ".join(g.topics), "lag": g.lag} for g in status.groups]
+        groups = [
+            {
+                "group": g.group,
+                "topics": ", ".join(g.topics),
+                "lag": g.lag,
+                "rate": status.group_rates.get(g.group),
+            }
+            for g in status.groups
+        ]
         return {"topics": topics, "groups": groups, "dlq": status.dlq_count, "error": None}
 
     @staticmethod
@@ -179,6 +187,20 @@ class ConsoleData:
 
     def training(self) -> dict[str, Any]:
         return self.clickhouse.call(browse.training)
+
+    def lineage(self, version: str) -> dict[str, Any] | None:
+        """What trained `version` (`agentstream lineage`'s walk); None for an unknown version."""
+        from clients.clickhouse import ClickHouseError
+        from infra.lineage import collect
+
+        if not version or len(version) > 200:
+            return None
+        try:
+            return self.clickhouse.call(lambda c: collect(lambda sql: run_dicts(c, sql), version))
+        except ClickHouseError as exc:
+            if "not in" in str(exc):
+                return None
+            raise
 
 
 def _check_day(text: str) -> None:

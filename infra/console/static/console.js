@@ -43,8 +43,9 @@
   function groupRow(g) {
     var tr = document.createElement("tr");
     tr.dataset.group = g.group;
-    tr.append(cell(g.group), cell(g.topics), cell(fmt(g.lag), "n"));
-    tr.children[2].dataset.field = "lag";
+    tr.append(cell(g.group), cell(g.topics), cell(fmt(g.rate, 1), "n"), cell(fmt(g.lag), "n"));
+    tr.children[2].dataset.field = "rate";
+    tr.children[3].dataset.field = "lag";
     return tr;
   }
 

@@ -116,6 +116,16 @@ def seed(client) -> None:
     insert(client, "trajectories", [*trajectories, old])
     insert(client, "episodes", episodes)
     _seed_layers(client)
+    _seed_training(client)
+
+
+def _seed_training(client) -> None:
+    version = {"policy_version": "v1", "previous_version": "v0", "event_id": "pv1", "occurred_at": T0}
+    version |= {"method": "grpo", "step": 1, "batch_ids": ["b1"], "trajectory_ids": ["t00", "t01"]}
+    insert(client, "policy_versions", [{**version, "source_ranges": "{}", "metrics": {"reward_mean": 0.4}}])
+    batch = {"batch_id": "b1", "event_id": "bb1", "occurred_at": T0, "kind": "grpo", "row_count": 2}
+    batch |= {"trajectory_ids": ["t00", "t01"], "source_offsets": '{"agent.events": [[0, 10]]}'}
+    insert(client, "batches", [{**batch, "policy_versions": ["v0"]}])
 
 
 def _seed_layers(client) -> None:
@@ -295,9 +305,20 @@ def test_the_overview_says_kafka_is_down_and_still_shows_clickhouse(console):
     assert status == 200 and json.loads(body)["counts"]["dead_letters"] == 1
 
 
-def test_the_training_page_renders_without_versions_or_batches(console):
+def test_the_training_page_shows_versions_with_their_lineage_batches_and_the_curve(console):
     status, html, _ = console.get("/training")
-    assert status == 200 and "no policy version published yet" in html and "no training batches yet" in html
+    assert status == 200 and 'href="/training/versions/v1"' in html and "reward_mean 0.400" in html
+    assert "<svg" in html and "Learning curve" in html and "bb1" not in html and "grpo" in html
+    status, html, _ = console.get("/training/versions/v1")
+    assert (
+        status == 200
+        and "b1" in html
+        and 'href="/trajectories/t00"' in html
+        and 'href="/trajectories/t01"' in html
+    )
+    assert "agent.events" in html and "step events by the version that produced them: (none) 3" in html
+    status, html, _ = console.get("/training/versions/v404")
+    assert status == 404 and "No policy version &#39;v404&#39; was published." in html
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime
 
 from consumers.sink.rows import COLUMNS, rows_for
-from infra.lineage import format_lineage, quote, steps_per_version, version_sql
+from infra.lineage import format_lineage, steps_per_version, version_sql
 from schemas.codec import encode
 from schemas.events import PolicyUpdated
 
@@ -43,9 +43,9 @@ def test_policy_updated_gives_a_policy_versions_row_with_its_lineage():
     assert row["kl"] is None and row["is_ratio_mean"] is None  # absent, never a made-up 0
 
 
-def test_lineage_report_counts_steps_per_producing_version_and_quotes_input():
-    assert "'v3\\' OR 1'" in version_sql("v3' OR 1")
-    assert quote("a\\b") == "'a\\\\b'"
+def test_lineage_report_counts_steps_per_producing_version_and_binds_input():
+    sql = version_sql("v3' OR 1")
+    assert "v3' OR 1" not in sql.text and sql.params == {"v": "v3' OR 1"}
     steps = [
         {"event_id": f"e{i}", "trajectory_id": "t1", "step_index": i, "policy_version": "v1" if i else None}
         for i in range(4)
