@@ -153,6 +153,10 @@ class EmbeddedEngine:
 class _Handler(BaseHTTPRequestHandler):
     server: _EndpointServer
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: the reply goes out as headers, then body, on a kept-alive connection; with Nagle's
+    # algorithm the body of a small reply waits for the client's delayed ACK of the headers, 40 ms on
+    # Linux. Measured through clickhouse-connect: `SELECT 1` 44.6 ms -> 1.5 ms per query.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args) -> None:
         log.debug("http %s", format % args)

@@ -104,3 +104,11 @@ def test_chdb_path_parsing():
     assert chdb_path("https://ch.example:8443") is None
     with pytest.raises(ClickHouseError, match="on-disk path"):
         chdb_path("chdb://memory")
+
+
+def test_the_endpoint_answers_without_waiting_for_delayed_acks():
+    """Small replies went out 40 ms late (Nagle + the client's delayed ACK); socketserver sets
+    TCP_NODELAY on each accepted connection when the handler asks for it."""
+    from clients.clickhouse.endpoint import _Handler
+
+    assert _Handler.disable_nagle_algorithm is True
