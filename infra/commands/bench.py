@@ -23,6 +23,7 @@ BENCHMARKS = {
     "e2e": "sustained load through every stage; end-to-end latencies",
     "policy": "policy server tokens/s and requests/s per concurrency; recording overhead; reload pauses",
     "rollout": "rollout episodes/s and steps/s on calc per concurrency; local sandbox tool-call overhead",
+    "console": "web console server time per page: trajectory list, filtered, page 200, a 200-step trajectory",
 }
 
 
