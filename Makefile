@@ -3,8 +3,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test lint format venv clean bench
+.PHONY: demo test lint format venv clean bench browser
 
 venv: $(STAMP)
 
@@ -20,8 +21,22 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/agentstream demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest
+
+# The console's browser tests drive Debian's chromium through Playwright; no browser is downloaded.
+browser:
+	@if [ -x $(CHROMIUM) ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "!! $(CHROMIUM) is missing and apt-get is not here: install Chromium at $(CHROMIUM)" >&2; exit 1; \
+	elif [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; \
+	else \
+		echo "!! $(CHROMIUM) is missing; as root run: apt-get update && apt-get install -y --no-install-recommends chromium" >&2; exit 1; \
+	fi; \
+	echo ">> installing Debian's chromium (the console's browser tests)"; \
+	$$sudo apt-get update -q && \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
