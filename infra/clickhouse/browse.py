@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,6 +45,7 @@ class TrajectoryFilter:
     search: str | None = None  # case-insensitive substring of the task
     page: int = 1
     page_size: int = 50
+    default_page_size: int = field(default=50, compare=False)  # what a URL without page_size gives
 
     @property
     def offset(self) -> int:
@@ -53,7 +54,8 @@ class TrajectoryFilter:
     def to_query(self, **changes: Any) -> dict[str, str]:
         """The URL query that gives this filter back (defaults left out), with `changes` applied."""
         values = asdict(replace(self, **changes))
-        defaults = asdict(TrajectoryFilter())
+        defaults = {**asdict(TrajectoryFilter()), "page_size": self.default_page_size}
+        values.pop("default_page_size")
         return {k: _show(v) for k, v in values.items() if v is not None and v != defaults[k]}
 
 
@@ -77,6 +79,7 @@ def parse_filter(query: Mapping[str, str], page_size: int = 50) -> TrajectoryFil
     """
     given = {k: v.strip() for k, v in query.items() if isinstance(v, str) and v.strip()}
     values: dict[str, Any] = {"page_size": _int(given, "page_size", page_size, 1, MAX_PAGE_SIZE)}
+    values["default_page_size"] = page_size
     for name in ("domain", "agent", "model", "policy_version", "search"):
         if name in given:
             values[name] = _text(name, given[name])

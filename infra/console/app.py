@@ -309,7 +309,24 @@ def _reward_by_step_chart(rows: list[dict]):
             series.setdefault(f"{r['domain']} judge", [None] * len(steps))[steps.index(r["step_index"])] = r[
                 "mean_judge_score"
             ]
-    return _markup(charts.line_chart([str(s) for s in steps], series, "Mean reward by step index", "reward"))
+    chart = charts.line_chart(
+        [str(s) for s in steps],
+        series,
+        "Mean reward by step index",
+        "reward",
+        _fraction_range([v for points in series.values() for v in points]),
+    )
+    return _markup(chart)
+
+
+def _fraction_range(values: list) -> tuple[float, float] | None:
+    """0 to 1 when every value is a fraction (success rates, rewards in [0, 1]), else fit the values.
+
+    >>> _fraction_range([0.5, None, 1.0]), _fraction_range([0.5, 3.0])
+    ((0.0, 1.0), None)
+    """
+    known = [v for v in values if v is not None and math.isfinite(v)]
+    return (0.0, 1.0) if all(0.0 <= v <= 1.0 for v in known) else None
 
 
 def _training_charts(training: dict) -> dict:
@@ -332,6 +349,9 @@ def _training_charts(training: dict) -> dict:
                     "mean total reward": [r["mean_total_reward"] for r in curve],
                 },
                 "Learning curve: success and reward by policy version",
+                y_range=_fraction_range(
+                    [r["success_rate"] for r in curve] + [r["mean_total_reward"] for r in curve]
+                ),
             )
         ),
     }

@@ -11,18 +11,27 @@ from html import escape
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#ca8a04")
 WIDTH, HEIGHT = 640, 240
-LEFT, RIGHT, TOP, BOTTOM = 48, 12, 12, 40
+LEFT, RIGHT, TOP, BOTTOM = 48, 12, 24, 40
 
 
 def _finite(values: Sequence[float | None]) -> list[float]:
     return [float(v) for v in values if v is not None and math.isfinite(float(v))]
 
 
-def _scale(low: float, high: float) -> tuple[float, float]:
+def nice_range(low: float, high: float) -> tuple[float, float, float]:
+    """An axis from `low` to `high` widened to round numbers, and its tick step (four steps or so).
+
+    >>> nice_range(0.562, 0.903)
+    (0.5, 1.0, 0.1)
+    >>> nice_range(3.0, 3.0)
+    (2.0, 4.0, 0.5)
+    """
     if low == high:
-        return (low - 1, high + 1) if low else (0.0, 1.0)
-    pad = (high - low) * 0.05
-    return low - pad, high + pad
+        low, high = low - 1, high + 1
+    raw = (high - low) / 4
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    return (round(math.floor(low / step) * step, 10), round(math.ceil(high / step) * step, 10), step)
 
 
 def line_chart(
@@ -30,8 +39,10 @@ def line_chart(
     series: dict[str, Sequence[float | None]],
     title: str,
     y_label: str = "",
+    y_range: tuple[float, float] | None = None,
 ) -> str:
-    """An SVG line chart: one line per series over the shared x labels; None leaves a gap.
+    """An SVG line chart: one line per series over the shared x labels; None leaves a gap; `y_range`
+    fixes the axis (fractions: 0 to 1) instead of fitting it to the values.
 
     >>> "<polyline" in line_chart(["a", "b"], {"s": [1.0, 2.0]}, "t")
     True
@@ -39,7 +50,7 @@ def line_chart(
     values = [v for points in series.values() for v in _finite(points)]
     if not x_labels or not values:
         return f'<p class="empty">{escape(title)}: no data yet</p>'
-    low, high = _scale(min(values), max(values))
+    low, high, tick = nice_range(*(y_range or (min(values), max(values))))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     step = plot_w / max(1, len(x_labels) - 1)
 
@@ -49,7 +60,7 @@ def line_chart(
     def y(v: float) -> float:
         return TOP + plot_h * (1 - (v - low) / (high - low))
 
-    parts = [_axes(low, high, y, x_labels, x, y_label)]
+    parts = [_axes(low, high, tick, y, x_labels, x, y_label)]
     for n, (name, points) in enumerate(series.items()):
         parts.append(_line(points, x, y, PALETTE[n % len(PALETTE)], name))
     legend = "".join(
@@ -63,13 +74,13 @@ def line_chart(
     )
 
 
-def _axes(low, high, y, x_labels, x, y_label) -> str:
+def _axes(low, high, tick, y, x_labels, x, y_label) -> str:
     out = [f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{HEIGHT - BOTTOM}" class="axis"/>']
     out.append(
         f'<line x1="{LEFT}" y1="{HEIGHT - BOTTOM}" x2="{WIDTH - RIGHT}" y2="{HEIGHT - BOTTOM}" class="axis"/>'
     )
-    for k in range(5):
-        v = low + (high - low) * k / 4
+    for k in range(round((high - low) / tick) + 1):
+        v = low + k * tick
         out.append(
             f'<text x="{LEFT - 4}" y="{y(v) + 4:.1f}" class="tick" text-anchor="end">{_short(v)}</text>'
         )
@@ -82,7 +93,7 @@ def _axes(low, high, y, x_labels, x, y_label) -> str:
                 f"{escape(str(label)[:16])}</text>"
             )
     if y_label:
-        out.append(f'<text x="4" y="{TOP + 8}" class="tick">{escape(y_label)}</text>')
+        out.append(f'<text x="4" y="{TOP - 10}" class="tick">{escape(y_label)}</text>')
     return "".join(out)
 
 

@@ -11,6 +11,10 @@
     return String(value);
   }
 
+  function utc(seconds) {
+    return new Date(seconds * 1000).toISOString().slice(11, 19) + " UTC";
+  }
+
   function cell(text, cls) {
     var td = document.createElement("td");
     td.textContent = text;
@@ -78,7 +82,7 @@
     if (kafka.groups) fillRows(document.querySelector("#groups tbody"), kafka.groups, groupRow, "no consumer groups");
     fillRows(document.querySelector("#dead-letters tbody"), data.dead_letters || [], letterRow, "no dead letters");
     var updated = document.getElementById("updated");
-    if (updated) updated.textContent = new Date(data.at * 1000).toLocaleTimeString();
+    if (updated) updated.textContent = utc(data.at);
   }
 
   function poll(root) {
@@ -106,7 +110,7 @@
     var root = document.getElementById("overview");
     if (root) poll(root);
     var updated = document.getElementById("updated");
-    if (updated && /^\d+$/.test(updated.textContent)) updated.textContent = new Date(parseInt(updated.textContent, 10) * 1000).toLocaleTimeString();
+    if (updated && /^\d+$/.test(updated.textContent)) updated.textContent = utc(parseInt(updated.textContent, 10));
     cleanForms();
   });
 })();

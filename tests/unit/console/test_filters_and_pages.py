@@ -60,6 +60,8 @@ def test_a_filter_survives_the_round_trip_through_its_url():
     )
     assert parse_filter(f.to_query()) == f
     assert f.to_query(page=3)["page"] == "3" and "page" not in f.to_query()
+    assert "page_size" not in parse_filter({"domain": "web"}, page_size=4).to_query(page=2)
+    assert parse_filter({"page_size": "7"}, page_size=4).to_query()["page_size"] == "7"
 
 
 @pytest.mark.parametrize(
