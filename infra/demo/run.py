@@ -41,6 +41,7 @@ def demo_command(args) -> int:
         output.say("[demo] stopping the stack")
         supervisor.stop()
     output.say(f"[demo] done in {time.monotonic() - started:.0f}s; data kept in {data_dir}")
+    output.say(f"[demo] browse it in the web console: agentstream console --data-dir {data_dir}")
     return 0
 
 
