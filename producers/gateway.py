@@ -96,6 +96,9 @@ def create_app(config: GatewayConfig, publisher=None):
     app.router.add_post("/v1/events", _post_events)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/openapi.json", _openapi)
+    from producers.otlp_http import add_otlp_routes
+
+    add_otlp_routes(app)  # POST /v1/traces: OpenTelemetry spans as episodes and steps
 
     async def _close(app_):
         await publisher.close()

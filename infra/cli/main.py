@@ -23,9 +23,11 @@ from infra.commands import (
     clickhouse,
     console,
     evaluate,
+    export,
     ingest,
     judge,
     lineage,
+    mcp,
     policy,
     producers,
     rollout,
@@ -54,6 +56,8 @@ COMMAND_MODULES = (
     policy,
     evaluate,
     console,
+    mcp,
+    export,
 )
 
 # Client libraries that narrate every connection at INFO; they speak up at WARNING unless asked (DEBUG).
