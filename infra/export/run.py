@@ -14,12 +14,12 @@ import orjson
 
 from infra.export import files
 from infra.export.card import render_card
-from infra.export.checks import check, infer_kind
+from infra.export.checks import REQUIRED, check, infer_kind
 from infra.export.config import ExportConfig
 from infra.export.errors import ExportError
 from infra.export.rows import build_rows, builder_settings, drop_empty_columns, row_trajectory_ids
 from infra.export.sources import read_batches, read_offsets, read_trajectories
-from infra.export.splits import assign
+from infra.export.splits import SPLITS, assign
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ def run_export(config: ExportConfig, client_or_url: Any, data_dir, progress: Pro
     if not rows:
         raise ExportError(f"no {config.kind} rows to export from {config.source} (nothing matched)")
     progress(f"built {len(rows)} {config.kind} rows")
+    _check_columns(config, rows)
     rows = drop_empty_columns(rows)
     splits = assign(rows, config.fractions, config.seed)
     out_dir = Path(config.out)
@@ -81,6 +82,17 @@ def run_export(config: ExportConfig, client_or_url: Any, data_dir, progress: Pro
         + [files.CARD_FILE, files.EXPORT_FILE],
         "problems": report["problems"],
     }
+
+
+def _check_columns(config: ExportConfig, rows: list[dict[str, Any]]) -> None:
+    """Refuse rows that lack the kind's TRL columns before writing anything (e.g. GRPO token rows)."""
+    missing = [c for c in REQUIRED[config.kind] if any(c not in r for r in rows)]
+    if missing:
+        hint = " (GRPO batch files of token rows: export GRPO with --source clickhouse)"
+        raise ExportError(
+            f"--kind {config.kind}: rows from {config.source} lack {', '.join(missing)}"
+            + (hint if config.kind == "grpo" and config.source == "batches" else "")
+        )
 
 
 def _collect(config: ExportConfig, client_or_url: Any, data_dir, progress: Progress):
@@ -193,7 +205,8 @@ def validate_dataset(out_dir: str | Path) -> dict[str, Any]:
             f"--validate: no split files (<split>.jsonl, <split>.parquet, data/<split>-*.parquet) "
             f"in {directory}"
         )
-    splits = {name: files.read_split(paths) for name, paths in found.items()}
+    order = sorted(found, key=lambda s: (SPLITS.index(s) if s in SPLITS else len(SPLITS), s))
+    splits = {name: files.read_split(found[name]) for name in order}
     kind = files.read_export_facts(directory).get("kind") or infer_kind(
         {k for rows in splits.values() for r in rows[:1] if isinstance(r, dict) for k in r}
     )

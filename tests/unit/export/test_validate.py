@@ -144,3 +144,11 @@ def test_validate_refuses_a_directory_without_split_files(tmp_path):
 def test_golden_group_rows_have_no_problems():
     rows = SFTBuilder(SFTBuilderConfig(require_success=False)).build(golden_group())
     assert check("sft", {"train": rows}) == []
+
+
+def test_grpo_token_rows_from_batch_files_are_refused_before_anything_is_written(tmp_path):
+    rows = [{"task_id": "a", "trajectory_id": "t1", "input_ids": [1, 2], "labels": [1, 2]}]
+    BatchStore(tmp_path / "data").write("grpo", rows, META | {"trajectory_ids": ["t1"]})
+    with pytest.raises(ExportError, match=r"lack prompt .*--source clickhouse"):
+        export_dataset(None, "grpo", "batches", "jsonl", tmp_path / "out", data_dir=tmp_path / "data")
+    assert not (tmp_path / "out").exists()
