@@ -147,8 +147,29 @@ def build_preferences(
 # --- export ---------------------------------------------------------------------------------------
 
 
-def export_dataset(config: McpConfig, **arguments: Any) -> dict[str, Any]:
-    """A training dataset written by infra/export/ (not part of this build yet)."""
-    raise McpToolError(
-        "export_dataset: not available yet: the dataset exporter (infra/export/) is not in this build"
-    )
+def export_dataset(
+    config: McpConfig,
+    kind: str = "sft",
+    out_dir: str | None = None,
+    fmt: str = "jsonl",
+    source: str = "clickhouse",
+    split: str = "0.8,0.1,0.1",
+    seed: int = 0,
+    min_reward: float | None = None,
+    require_success: bool = True,
+) -> dict[str, Any]:
+    """`agentstream export` (infra/export/): a dataset split by task into train / validation / test,
+    validated after writing. A relative `out_dir` (default `<kind>`) lies under `<data dir>/exports/`."""
+    from pathlib import Path
+
+    from infra.export import export_dataset as write_dataset
+
+    target = Path(out_dir or kind)
+    if not target.is_absolute():
+        target = Path(config.data_dir).resolve() / "exports" / target
+    options = {"data_dir": config.data_dir, "split": split, "seed": seed, "min_reward": min_reward}
+    options["require_success"] = require_success
+    if source != "clickhouse":
+        return jsonable(write_dataset(None, kind, source, fmt, target, **options))
+    with clickhouse(config) as client:
+        return jsonable(write_dataset(client, kind, source, fmt, target, **options))

@@ -34,7 +34,7 @@ OUTSIDE_FUNCTIONS = frozenset(
      "postgresql", "mongodb", "redis", "sqlite", "jdbc", "odbc", "executable", "input", "deltalake",
      "hudi", "iceberg", "fuzzjson")
 )  # fmt: skip
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FIRST = re.compile(r"[(\s]*([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def strip_quoted(query: str) -> str:
@@ -92,8 +92,8 @@ def check_read_only(query: str) -> str:
     bare = strip_quoted(query).strip()
     if ";" in bare.rstrip("; \t\r\n"):
         raise McpToolError("query: one statement only (a ';' may only end it)")
-    words = _WORD.findall(bare)
-    first = words[0].upper() if words else ""
+    leading = _FIRST.match(bare)  # the statement's own first word (opening parentheses allowed)
+    first = leading.group(1).upper() if leading else ""
     if first not in ALLOWED_FIRST:
         shown = first or bare[:20]
         raise McpToolError(

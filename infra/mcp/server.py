@@ -108,11 +108,23 @@ def _data_tools(config: McpConfig) -> list[tuple[Callable[..., Any], dict]]:
         )
 
     def export_dataset(
-        kind: str = "sft", path: str | None = None, task_id: str | None = None
+        kind: Literal["sft", "dpo", "dpo_step", "grpo"] = "sft",
+        out_dir: str | None = None,
+        fmt: Literal["jsonl", "parquet", "hf"] = "jsonl",
+        source: Literal["clickhouse", "batches"] = "clickhouse",
+        split: str = "0.8,0.1,0.1",
+        seed: int = 0,
+        min_reward: float | None = None,
+        require_success: bool = True,
     ) -> dict[str, Any]:
-        """Write a training dataset (SFT, DPO or GRPO rows) from the scored trajectories in
-        ClickHouse to a file; returns its path and row count."""
-        return data_tools.export_dataset(config, kind=kind, path=path, task_id=task_id)
+        """Write a training dataset (TRL rows: sft, dpo, dpo_step or grpo) from the scored
+        trajectories in ClickHouse (or the trainer's batch files) as jsonl, parquet or a Hub-style
+        directory, split by task into train/validation/test (a task never spans two splits), and
+        validate it. A relative out_dir lies under <data dir>/exports/. Returns rows per split, the
+        files written and any problems the validation found."""
+        return data_tools.export_dataset(
+            config, kind, out_dir, fmt, source, split, seed, min_reward, require_success
+        )
 
     return [
         (sql, READ_ONLY),

@@ -176,7 +176,7 @@ def test_every_tool_over_stdio(store, broker, tmp_path):
                 assert {t.name for t in (await s.list_tools()).tools} == TOOLS
                 await check_resources(s)
                 await check_sql(s)
-                await check_analytics(s)
+                await check_analytics(s, tmp_path / "export")
                 await check_rewards(s, broker.bootstrap)
                 await check_environments(s, policy_url, broker.bootstrap)
 
@@ -218,7 +218,7 @@ async def check_sql(s) -> None:
     assert "ClickHouse" in bad and "nope" in bad
 
 
-async def check_analytics(s) -> None:
+async def check_analytics(s, out_dir: Path) -> None:
     board = await call(s, "leaderboard", {"by": "model"})
     assert [(r["domain"], r["model"]) for r in board["rows"]] == [("coding", "m-good"), ("coding", "m-bad")]
     assert board["rows"][0]["success_rate"] == 1.0 and board["rows"][1]["success_rate"] == 0.0
@@ -236,8 +236,10 @@ async def check_analytics(s) -> None:
     ]
     from_json = await call(s, "build_preferences", {"trajectories": trajectories()})
     assert from_json["pairs"] == pairs["pairs"] and from_json["trajectories"] == 3
-    export = await s.call_tool("export_dataset", {"kind": "sft"})
-    assert export.is_error or export.structured_content["rows"] >= 1
+    export = await call(s, "export_dataset", {"kind": "sft", "out_dir": str(out_dir)})
+    assert export["rows"] == 2 and export["problems"] == []  # the two successful runs; none failed
+    written = [Path(f) if Path(f).is_absolute() else out_dir / f for f in export["files"]]
+    assert written and all(f.exists() for f in written)
 
 
 async def check_rewards(s, bootstrap: str) -> None:
