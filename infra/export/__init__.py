@@ -9,7 +9,8 @@ The API (stable; the CLI and the MCP server's `export_dataset` tool call these t
         kind,                   # "sft" | "dpo" | "dpo_step" | "grpo"
         source,                 # "clickhouse" (scored trajectories) | "batches" (the trainer's files)
         fmt,                    # "jsonl" | "parquet" | "hf"
-        out_dir,                # str | Path; created; an existing non-empty export there is replaced
+        out_dir,                # str | Path; created; an earlier export there is replaced (any
+                                #   other non-empty directory is refused)
         *,
         data_dir=None,          # where `batches/<kind>/` lives (source="batches")
         split=(0.8, 0.1, 0.1),  # fractions of train / validation / test, or "0.8,0.1,0.1"

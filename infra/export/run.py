@@ -102,7 +102,12 @@ def _collect(config: ExportConfig, client_or_url: Any, data_dir, progress: Progr
         return _from_batches(config, data_dir, progress)
     if client_or_url is None:
         raise ExportError("--source clickhouse: give --clickhouse-url")
-    if isinstance(client_or_url, str):
+    from clickhouse_connect.driver.exceptions import DatabaseError
+
+    where = client_or_url if isinstance(client_or_url, str) else "the ClickHouse client"
+    try:
+        if not isinstance(client_or_url, str):
+            return _from_clickhouse(config, client_or_url, progress)
         from clients.clickhouse.client import connect
 
         client = connect(client_or_url, wait_s=5.0)
@@ -110,7 +115,11 @@ def _collect(config: ExportConfig, client_or_url: Any, data_dir, progress: Progr
             return _from_clickhouse(config, client, progress)
         finally:
             client.close()
-    return _from_clickhouse(config, client_or_url, progress)
+    except DatabaseError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(
+            f"--clickhouse-url {where}: {first} (is the stack up, or its tables migrated?)"
+        ) from None
 
 
 def _from_clickhouse(config: ExportConfig, client, progress: Progress):

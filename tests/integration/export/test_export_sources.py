@@ -134,3 +134,11 @@ def test_batch_files_export_with_their_manifests_facts(agentstream_export, tmp_p
     again = agentstream_export(*args, "--out", out, "--json")  # replaces its own earlier export
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout)["splits"] == {s: i["rows"] for s, i in facts["splits"].items()}
+
+
+def test_an_unmigrated_clickhouse_is_one_line_naming_the_url(agentstream_export, tmp_path):
+    url = f"chdb://{tmp_path / 'empty'}"
+    done = agentstream_export("--clickhouse-url", url, "--kind", "sft", "--out", tmp_path / "out")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(f"agentstream: error: --clickhouse-url {url}: ")
+    assert not (tmp_path / "out").exists()
