@@ -1,7 +1,280 @@
-"""The gateway's OTLP/HTTP endpoint (being built; adds no route yet)."""
+"""The gateway's OTLP/HTTP endpoint: `POST /v1/traces` (aiohttp), the HTTP shell around the pure
+mapping in `producers.otlp` (docs/otlp.md).
+
+Same API keys and size limits as `/v1/events` (`--max-body-bytes` on the body after gzip is undone,
+`--max-events` on the spans of one request). Bodies: `application/x-protobuf` or `application/json`
+(OTLP JSON: hex ids), `Content-Encoding: gzip` accepted. Answers:
+- 200 with an `ExportTraceServiceResponse` in the request's encoding, only after the broker
+  acknowledged every event and every dead letter of the request; spans that cannot be mapped are
+  counted in `partial_success.rejected_spans` (the exporter must not resend them) and are in
+  `agentstream.dlq` with the trace and span ids and the reason.
+- 400 malformed payload (not OTLP, bad JSON, bad gzip, a non-hex id) with the reason; nothing of it
+  is written to any topic. 401 / 413 / 415 as on `/v1/events`.
+- 503 when the broker did not acknowledge (the body of `/v1/events`' 503; OTLP exporters retry it).
+
+Events go through `producers.gateway._publish`, the one path every gateway event takes. The step
+cursor (`producers.otlp.StepCursor`) lives in the application, one per gateway process.
+"""
 
 from __future__ import annotations
 
+import base64
+import logging
+import uuid
+from typing import Any
 
-def add_otlp_routes(app) -> None:
-    """Add `POST /v1/traces` to the gateway's aiohttp application."""
+import orjson
+
+from producers.errors import RequestRejected
+from producers.gateway_requests import (
+    STAGE,
+    GatewayConfig,
+    field_error,
+    key_allowed,
+    presented_key,
+    too_large,
+)
+from producers.otlp import MEDIA_TYPES, Mapped, StepCursor, map_spans, span_json, spans_of
+
+log = logging.getLogger(__name__)
+
+ENCODINGS = ("gzip", "identity", "")
+_IDS = ("traceId", "spanId", "parentSpanId")
+
+
+def add_otlp_routes(app, publish=None, send_dead_letters=None) -> None:
+    """Add `POST /v1/traces` to the gateway's aiohttp application.
+
+    `publish(request, events, request_id)` and `send_dead_letters(request, [(reason, payload)])` are
+    the gateway's own `_publish` and `_send_dead_letters` (passed in by `create_app`: importing them
+    here would be an import cycle); without them this module's twins of the same contract are used."""
+    app["otlp_cursor"] = StepCursor()
+    app["otlp_publish"] = publish or _publish
+    app["otlp_dead_letters"] = send_dead_letters or _send_dead_letters
+    app.router.add_post("/v1/traces", _post_traces)
+
+
+async def _post_traces(request):
+    config: GatewayConfig = request.app["config"]
+    request_id = str(uuid.uuid4())
+    try:
+        media = _media(request, config)
+        body = await _read(request, config)
+        spans = spans_of(decode_request(body, media))
+        if len(spans) > config.max_events:
+            message = f"{len(spans)} spans exceed the limit of {config.max_events} per request"
+            raise RequestRejected(413, "too many spans", [field_error(None, "$", len(spans), message)])
+    except RequestRejected as rejected:
+        headers = {"WWW-Authenticate": 'Bearer realm="agentstream"'} if rejected.status == 401 else None
+        return _json(rejected.status, {**rejected.body, "request_id": request_id}, headers)
+    cursor: StepCursor = request.app["otlp_cursor"]
+    mapped = map_spans(spans, cursor, config.max_event_bytes)
+    events = cursor.unacknowledged(mapped.events)
+    if events:
+        published = await request.app["otlp_publish"](request, events, request_id)
+        if published.status != 202:
+            return published
+        cursor.acknowledged(events)
+    if (
+        mapped.unmappable
+        and config.dead_letters
+        and not await _dead_letter_spans(request, mapped, request_id)
+    ):
+        message = f"{len(mapped.unmappable)} dead letters of unmappable spans not acknowledged; resend"
+        body = {
+            "error": "broker did not acknowledge",
+            "accepted": 0,
+            "request_id": request_id,
+            "message": message,
+        }
+        return _json(503, body, {"Retry-After": "1"})
+    return _answer(media, mapped)
+
+
+def _media(request, config: GatewayConfig) -> str:
+    """Check the key, the media type, the encoding and the announced length; the body's kind."""
+    if not config.allow_anonymous and not key_allowed(presented_key(request.headers), config.api_key_hashes):
+        raise RequestRejected(
+            401, "unauthorized", message="missing or wrong API key (Authorization: Bearer KEY)"
+        )
+    media = MEDIA_TYPES.get(request.content_type)
+    if media is None:
+        message = (
+            f"content type must be application/x-protobuf or application/json, got {request.content_type!r}"
+        )
+        raise RequestRejected(
+            415, "unsupported media type", [field_error(None, "Content-Type", request.content_type, message)]
+        )
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ENCODINGS:
+        message = f"content encoding must be gzip or none, got {encoding!r}"
+        raise RequestRejected(
+            415, "unsupported content encoding", [field_error(None, "Content-Encoding", encoding, message)]
+        )
+    length = request.content_length
+    if length is not None and length > config.max_body_bytes:
+        raise too_large(length, config.max_body_bytes)
+    return media
+
+
+async def _read(request, config: GatewayConfig) -> bytes:
+    """The body, gzip undone by aiohttp (its size limit applies to the decompressed bytes)."""
+    from aiohttp import web
+    from aiohttp.web_protocol import RequestPayloadError
+
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large(None, config.max_body_bytes) from None
+    except RequestPayloadError as exc:
+        raise RequestRejected(400, "malformed OTLP payload", message=f"cannot read the body: {exc}") from None
+
+
+def decode_request(body: bytes, media: str):
+    """An `ExportTraceServiceRequest` from a protobuf or OTLP JSON body; RequestRejected(400) else."""
+    from google.protobuf import json_format
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest()
+    try:
+        if media == "protobuf":
+            request.ParseFromString(body)
+        else:
+            json_format.ParseDict(_json_ids_to_base64(_json_body(body)), request, ignore_unknown_fields=True)
+    except (DecodeError, json_format.ParseError, ValueError, TypeError) as exc:
+        raise malformed(f"not an OTLP {media} ExportTraceServiceRequest: {exc}") from None
+    return request
+
+
+def malformed(message: str) -> RequestRejected:
+    return RequestRejected(400, "malformed OTLP payload", message=message)
+
+
+def _json_body(body: bytes) -> dict:
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise malformed(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if not isinstance(obj, dict):
+        raise malformed(f"expected a JSON object with resourceSpans, got {type(obj).__name__}")
+    return obj
+
+
+def _json_ids_to_base64(obj: dict) -> dict:
+    """OTLP JSON writes ids as hex; protobuf's JSON mapping expects base64 for bytes fields."""
+    for r, resource_spans in enumerate(obj.get("resourceSpans") or []):
+        for s, scope_spans in enumerate(_dicts(resource_spans, "scopeSpans")):
+            for i, span in enumerate(_dicts(scope_spans, "spans")):
+                where = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
+                _hex_fields(span, where)
+                for j, link in enumerate(_dicts(span, "links")):
+                    _hex_fields(link, f"{where}.links[{j}]")
+    return obj
+
+
+def _dicts(obj: Any, key: str) -> list[dict]:
+    items = obj.get(key) if isinstance(obj, dict) else None
+    return [x for x in items if isinstance(x, dict)] if isinstance(items, list) else []
+
+
+def _hex_fields(obj: dict, where: str) -> None:
+    for key in _IDS:
+        value = obj.get(key)
+        if not value:
+            continue
+        try:
+            obj[key] = base64.b64encode(bytes.fromhex(value)).decode()
+        except (ValueError, TypeError):
+            raise malformed(f"{where}.{key}: expected a hex id, got {str(value)[:40]!r}") from None
+
+
+async def _dead_letter_spans(request, mapped: Mapped, request_id: str) -> bool:
+    """Unmappable spans to the DLQ: the reason names the trace and span ids, the payload is the span as
+    OTLP JSON with `trajectory_id` (the hex trace id, the letter's key). True once all are acknowledged."""
+    payloads = []
+    for span, reason in mapped.unmappable:
+        text = f"otlp trace {span.trace_id} span {span.span_id} ({span.name!r}): {reason}"
+        log.info("gateway request %s: dead letter: %s", request_id, text)
+        payloads.append((text, span_json(span)))
+    return await request.app["otlp_dead_letters"](request, payloads)
+
+
+# --- twins of producers.gateway's _json, _publish and _send_dead_letters (same contract), used until
+# create_app passes its own: the gateway imports this module, so this module cannot import it.
+
+
+def _json(status: int, body: dict, headers: dict | None = None):
+    from aiohttp import web
+
+    return web.Response(
+        status=status, body=orjson.dumps(body), content_type="application/json", headers=headers
+    )
+
+
+async def _publish(request, events: list, request_id: str):
+    """Send `events` (redacted when the application has a redactor); 202 once all are acknowledged,
+    else the gateway's 503 body naming the acknowledged and unacknowledged event ids."""
+    from schemas.codec import encode, encode_key
+    from schemas.topics import topic_for
+
+    redactor = request.app.get("redactor")
+    sent = [redactor.redact_event(e) for e in events] if redactor is not None else events
+    results = await _send(request, [(topic_for(e.type), encode_key(e), encode(e)) for e in sent], request_id)
+    failed = [e.event_id for e, r in zip(events, results, strict=True) if r is not None]
+    if failed:
+        acked = [e.event_id for e, r in zip(events, results, strict=True) if r is None]
+        reason = next(repr(r) for r in results if r is not None)
+        log.warning(
+            "gateway request %s: %d of %d events not acknowledged: %s",
+            request_id,
+            len(failed),
+            len(events),
+            reason,
+        )
+        message = f"{reason}; resend the request: event ids make the resend idempotent downstream"
+        body = {"error": "broker did not acknowledge", "accepted": 0, "partial": bool(acked),
+                "acknowledged_event_ids": acked, "unacknowledged_event_ids": failed, "message": message,
+                "request_id": request_id}  # fmt: skip
+        return _json(503, body, {"Retry-After": "1"})
+    return _json(
+        202, {"accepted": len(events), "event_ids": [e.event_id for e in events], "request_id": request_id}
+    )
+
+
+async def _send_dead_letters(request, payloads: list[tuple[str, bytes]]) -> bool:
+    from schemas.codec import encode, encode_key
+    from schemas.deadletter import dead_letter
+    from schemas.topics import DLQ
+
+    letters = [dead_letter(STAGE, reason, payload, error_type="DecodeError") for reason, payload in payloads]
+    redactor = request.app.get("redactor")
+    letters = [redactor.redact_event(d) for d in letters] if redactor is not None else letters
+    results = await _send(request, [(DLQ, encode_key(d), encode(d)) for d in letters], "dead letters")
+    return all(r is None for r in results)
+
+
+async def _send(request, records: list, what: str) -> list:
+    try:
+        return await request.app["publisher"].send_all(records)
+    except Exception as exc:
+        log.warning("gateway %s: broker unavailable: %s", what, exc)
+        return [exc] * len(records)
+
+
+def _answer(media: str, mapped: Mapped):
+    """200 with an ExportTraceServiceResponse (partial success names the rejected spans)."""
+    from aiohttp import web
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+    response = ExportTraceServiceResponse()
+    if mapped.unmappable:
+        response.partial_success.rejected_spans = len(mapped.unmappable)
+        reasons = sorted({reason for _, reason in mapped.unmappable})
+        response.partial_success.error_message = (
+            f"{len(mapped.unmappable)} spans cannot be mapped (in agentstream.dlq): " + "; ".join(reasons[:5])
+        )
+    if media == "protobuf":
+        return web.Response(body=response.SerializeToString(), content_type="application/x-protobuf")
+    return web.json_response(json_format.MessageToDict(response))
