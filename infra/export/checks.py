@@ -123,8 +123,10 @@ def _message_problem(message: Any) -> str | None:
     if role not in ROLES:
         return f"schema: {{where}} has role {role!r} (expected one of {', '.join(sorted(ROLES))})"
     content = message.get("content")
-    if content is not None and not isinstance(content, str):
-        return f"schema: {{where}} content must be a string, got {type(content).__name__}"
+    if isinstance(content, list):  # content parts ([{"type": "text", "text": ...}]): text of the parts
+        content = "".join(str(p.get("text") or "") if isinstance(p, dict) else "" for p in content)
+    elif content is not None and not isinstance(content, str):
+        return f"schema: {{where}} content must be a string or a list of parts, got {type(content).__name__}"
     if role != "tool" and not (content or "").strip() and not message.get("tool_calls"):
         return f"empty: {{where}} ({role}) has no content and no tool call"
     return None

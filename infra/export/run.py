@@ -5,6 +5,7 @@ card and `export.json`, then validates what it wrote."""
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -62,12 +63,7 @@ def run_export(config: ExportConfig, client_or_url: Any, data_dir, progress: Pro
     rows = drop_empty_columns(rows)
     splits = assign(rows, config.fractions, config.seed)
     out_dir = Path(config.out)
-    tmp = files.staging_dir(out_dir)
-    written = files.write_splits(tmp, config.format, splits)
-    facts |= _split_facts(config, splits, written)
-    (tmp / files.CARD_FILE).write_text(render_card(facts))
-    (tmp / files.EXPORT_FILE).write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
-    files.publish(tmp, out_dir)
+    facts = _write(config, out_dir, splits, facts)
     for name, info in facts["splits"].items():
         progress(f"wrote {name}: {info['rows']} rows, {info['tasks']} tasks")
     report = validate_dataset(out_dir)
@@ -82,6 +78,21 @@ def run_export(config: ExportConfig, client_or_url: Any, data_dir, progress: Pro
         + [files.CARD_FILE, files.EXPORT_FILE],
         "problems": report["problems"],
     }
+
+
+def _write(config: ExportConfig, out_dir: Path, splits, facts: dict[str, Any]) -> dict[str, Any]:
+    """Split files, card and `export.json` into a staging directory, renamed into place at the end
+    (removed if anything fails on the way)."""
+    tmp = files.staging_dir(out_dir)
+    try:
+        written = files.write_splits(tmp, config.format, splits)
+        facts = facts | _split_facts(config, splits, written)
+        (tmp / files.CARD_FILE).write_text(render_card(facts))
+        (tmp / files.EXPORT_FILE).write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
+        files.publish(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return facts
 
 
 def _check_columns(config: ExportConfig, rows: list[dict[str, Any]]) -> None:

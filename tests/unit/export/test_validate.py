@@ -152,3 +152,12 @@ def test_grpo_token_rows_from_batch_files_are_refused_before_anything_is_written
     with pytest.raises(ExportError, match=r"lack prompt .*--source clickhouse"):
         export_dataset(None, "grpo", "batches", "jsonl", tmp_path / "out", data_dir=tmp_path / "data")
     assert not (tmp_path / "out").exists()
+
+
+def test_content_parts_count_as_content_and_empty_parts_as_empty():
+    parts = [{"type": "text", "text": "hi"}]
+    row = {"task_id": "a", "messages": [{"role": "user", "content": parts}]}
+    blank = {"task_id": "b", "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}
+    assert [p.reason for p in check("sft", {"train": [row, blank]})] == [
+        "empty: messages[0] (user) has no content and no tool call"
+    ]
