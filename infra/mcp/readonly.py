@@ -127,14 +127,21 @@ def limited_text(query: str, first: str, max_rows: int) -> str:
     return f"SELECT * FROM (\n{body}\n) LIMIT {max_rows + 1}"
 
 
-def server_settings(timeout_s: float, max_rows: int) -> dict[str, Any]:
-    """What a ClickHouse server enforces itself (the embedded endpoint ignores them)."""
-    return {
-        "readonly": 2,  # 2, not 1: the request still sets the settings below
+def server_settings(timeout_s: float, max_rows: int, already_read_only: bool = False) -> dict[str, Any]:
+    """What a ClickHouse server enforces itself (the embedded endpoint ignores them). A user that is
+    read-only already may not change `readonly`, so it is then left out."""
+    settings: dict[str, Any] = {} if already_read_only else {"readonly": 2}  # 2: settings still apply
+    return settings | {
         "max_execution_time": max(1, int(timeout_s)),
         "max_result_rows": max_rows + 1,
         "result_overflow_mode": "break",
     }
+
+
+def _read_only_user(client) -> bool:
+    """Whether the server already runs this client's queries read-only (clickhouse-connect knows)."""
+    setting = (getattr(client, "server_settings", None) or {}).get("readonly")
+    return setting is not None and str(getattr(setting, "value", "0")) != "0"
 
 
 def run_read_only(client, query: str, max_rows: int, timeout_s: float) -> dict[str, Any]:
@@ -143,7 +150,7 @@ def run_read_only(client, query: str, max_rows: int, timeout_s: float) -> dict[s
     Returns `columns`, `rows` (dicts), `row_count`, `truncated` (more rows than `max_rows` existed)."""
     first = check_read_only(query)
     text = limited_text(query, first, max_rows)
-    settings = server_settings(timeout_s, max_rows)
+    settings = server_settings(timeout_s, max_rows, _read_only_user(client))
     pool = ThreadPoolExecutor(1, thread_name_prefix="agentstream-mcp-sql")
     future = pool.submit(client.query, text, settings=settings)
     try:

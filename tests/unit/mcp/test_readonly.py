@@ -79,3 +79,4 @@ def test_server_settings_make_a_clickhouse_server_refuse_writes_and_stop_in_time
         "max_result_rows": 101,
         "result_overflow_mode": "break",
     }
+    assert "readonly" not in server_settings(2.5, 100, already_read_only=True)
