@@ -76,19 +76,29 @@ def write_splits(directory: Path, fmt: str, splits: Mapping[str, Sequence[Row]])
     return files
 
 
-def _schema(splits: Mapping[str, Sequence[Row]], keys: list[str]):
-    import pyarrow as pa
+def _pyarrow():
+    """pyarrow (the `train` extra), or an error naming the option that needs it."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet  # makes pa.parquet available
+    except ImportError:
+        raise ExportError(
+            "--format parquet / hf (and reading .parquet splits) need pyarrow: "
+            "pip install 'agentstream[train]'"
+        ) from None
+    return pa
 
+
+def _schema(splits: Mapping[str, Sequence[Row]], keys: list[str]):
+    pa = _pyarrow()
     every = [{k: r.get(k) for k in keys} for rows in splits.values() for r in rows]
     return pa.Table.from_pylist(every).schema if every else None
 
 
 def _write_parquet(path: Path, rows: Sequence[Row], keys: list[str], schema) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    pa = _pyarrow()
     table = pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows], schema=schema)
-    pq.write_table(table, path)
+    pa.parquet.write_table(table, path)
 
 
 def split_files(directory: Path) -> dict[str, list[Path]]:
@@ -106,9 +116,7 @@ def read_split(paths: Sequence[Path]) -> list[Row]:
     rows: list[Row] = []
     for path in paths:
         if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            rows += pq.read_table(path).to_pylist()
+            rows += _pyarrow().parquet.read_table(path).to_pylist()
         else:
             rows += _read_jsonl(path)
     return rows
