@@ -133,13 +133,17 @@ def _server_client(url: str, **kwargs):
         raise ClickHouseError(f"clickhouse_url {url!r}: cannot connect ({exc})") from exc
 
 
-def open_and_serve(url: str, *, wait_s: float = 30.0, port: int = 0):
+def open_and_serve(url: str, *, wait_s: float = 30.0, port: int = 0, prepare=None):
     """Connect as the owner: for an embedded path nobody serves yet, open it and serve it over HTTP.
 
-    Returns `(client, endpoint_or_None)`; close the endpoint (if any) after the client.
+    `prepare(client)` (e.g. `migrate`) runs before the endpoint is advertised, so no reader finds a
+    served path whose tables do not exist yet. Returns `(client, endpoint_or_None)`; close the
+    endpoint (if any) after the client.
     """
     path = chdb_path(url)
     client = connect(url, wait_s=wait_s)
+    if prepare is not None:
+        prepare(client)
     if path is None or not _is_chdb(client):
         return client, None
     endpoint = Endpoint(path, port=port).start()

@@ -374,9 +374,8 @@ def run_sink(
     from clients.clickhouse.migrate import migrate
 
     stop = stop or threading.Event()
-    client, endpoint = open_and_serve(config.clickhouse_url, port=config.endpoint_port)
+    client, endpoint = open_and_serve(config.clickhouse_url, port=config.endpoint_port, prepare=migrate)
     try:
-        migrate(client)
         ensure_topics(config.bootstrap_servers, [TOPICS[t] for t in config.topics])
         if config.from_beginning:
             rewind_group(config)

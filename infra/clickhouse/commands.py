@@ -58,8 +58,7 @@ def serve_cmd(args) -> int:
     url = Settings.from_args(args).resolved_clickhouse_url
     if chdb_path(url) is None:
         raise ClickHouseError(f"clickhouse_url {url!r}: only an embedded chdb:// path can be served")
-    client, endpoint = open_and_serve(url, port=args.port)
-    migrate(client)
+    client, endpoint = open_and_serve(url, port=args.port, prepare=migrate)
     if endpoint is None:
         say(f"already served by another process; use {url}")
         return 0

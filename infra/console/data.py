@@ -51,9 +51,8 @@ class ClickHouseReader:
 
         path = chdb_path(self.url)
         if path is not None and live_endpoint(path) is None and self._owned is None:
-            owner, endpoint = open_and_serve(self.url, wait_s=self.wait_s)
+            owner, endpoint = open_and_serve(self.url, wait_s=self.wait_s, prepare=migrate)
             if endpoint is not None:
-                migrate(owner)
                 self._owned = (owner, endpoint)
                 log.info("console serves %s at %s", self.url, endpoint.url)
                 return clickhouse_connect.get_client(dsn=endpoint.url, autogenerate_session_id=False)
