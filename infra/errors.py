@@ -8,6 +8,8 @@
         ├── ReadmeError           infra/bench/readme.py: `agentstream bench readme`
         ├── FilterError           infra/clickhouse/browse.py: a malformed filter (field and value named)
         ├── ConsoleError          infra/console/: the web console's configuration or startup
+        ├── ExportError           infra/export/errors.py: `agentstream export`
+        ├── McpToolError          infra/mcp/errors.py: an MCP tool refused its input
         └── BrokerError           infra/broker/errors.py: the embedded broker (its subtree is there)
 
 ClickHouse commands raise `clients.clickhouse.ClickHouseError` (the ground floor's root). Every
