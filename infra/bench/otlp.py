@@ -5,8 +5,9 @@ acknowledged every event of the request).
 Requests of `--spans-per-request` spans (default 100): agent traces of 20 spans each (the agent span, then
 LLM and tool spans taking turns; tool results of 512 bytes), built as `ExportTraceServiceRequest`
 protobufs beforehand, fresh traces for every repeat (a resent span adds nothing, so reusing them would
-measure the duplicate path). Rows: protobuf, protobuf + gzip, and OTLP JSON (the peer: the ratio
-protobuf / JSON is measured in the same run). An `agentstream gateway` (kafka-python) and an embedded
+measure the duplicate path). Rows: protobuf, protobuf + gzip, OTLP JSON, and the peer: the events those
+spans map to, posted as a JSON array to `/v1/events` (ratios against JSON and the peer measured in the
+same run). An `agentstream gateway` (kafka-python) and an embedded
 broker run in a temporary directory and are stopped by PID.
 """
 
@@ -27,6 +28,7 @@ FORMATS = {  # row name -> (content type, gzip)
     "protobuf": ("application/x-protobuf", False),
     "protobuf+gzip": ("application/x-protobuf", True),
     "json": ("application/json", False),
+    "events": ("application/json", False),  # the peer: the same events as a JSON array to /v1/events
 }
 
 
@@ -77,6 +79,16 @@ _TOOL = {
 }
 
 
+def _as_events(request) -> bytes:
+    """The events the gateway maps `request` to, as the JSON array `/v1/events` takes."""
+    import orjson
+
+    from producers.otlp import StepCursor, map_spans, spans_of
+
+    events = map_spans(spans_of(request), StepCursor()).events
+    return orjson.dumps([e.model_dump(mode="json") for e in events])
+
+
 def _attrs(span, values: dict) -> None:
     for key, value in values.items():
         kv = span.attributes.add(key=key)
@@ -93,7 +105,10 @@ def bodies(requests: int, spans_per_request: int, fmt: str, seed: int) -> list[b
     out = []
     for r in range(requests):
         request = trace_request(traces, seed * 100_000 + r * traces)
-        body = request_to_json(request) if fmt == "json" else request.SerializeToString()
+        if fmt == "events":
+            body = _as_events(request)
+        else:
+            body = request_to_json(request) if fmt == "json" else request.SerializeToString()
         out.append(gzip.compress(body) if FORMATS[fmt][1] else body)
     return out
 
@@ -118,7 +133,7 @@ async def load(url: str, payloads: list[bytes], fmt: str, concurrency: int) -> d
             started = time.perf_counter()
             async with session.post(url, data=body, headers=headers) as response:
                 answer = await response.read()
-                if response.status != 200:
+                if response.status != (202 if fmt == "events" else 200):
                     raise RuntimeError(f"gateway answered {response.status}: {answer[:300]!r}")
             latencies.append(time.perf_counter() - started)
 
@@ -137,7 +152,11 @@ def run(args) -> dict:
         try:
             gateway = _start_gateway(root, broker.address)
             try:
-                rows = [_row(f"http://{gateway.address}/v1/traces", fmt, args, repeats) for fmt in FORMATS]
+                base = f"http://{gateway.address}"
+                rows = [
+                    _row(f"{base}/v1/events" if fmt == "events" else f"{base}/v1/traces", fmt, args, repeats)
+                    for fmt in FORMATS
+                ]
                 events = _events_on(broker.address)
             finally:
                 gateway.stop()
@@ -146,16 +165,19 @@ def run(args) -> dict:
     spans = sum(r["spans"] * repeats + args.spans_per_request for r in rows)  # with each warm-up request
     expected = spans // SPANS_PER_TRACE * (SPANS_PER_TRACE + 1)
     ratio = rows[0]["spans_per_s"] / rows[2]["spans_per_s"]
+    peer = rows[0]["spans_per_s"] / rows[3]["spans_per_s"]
     return {
         "rows": rows,
         "protobuf_vs_json": ratio,
+        "protobuf_vs_events_route": peer,
         "events_on_topic": events,
         "events_expected": expected,
         "notes": [
             f"{args.spans_per_request} spans per request ({SPANS_PER_TRACE}-span agent traces: 19 steps + "
             f"episode start/end = 21 events per trace), {args.concurrency} requests in flight; "
             "p50/p99 per request",
-            f"protobuf / JSON throughput ratio {ratio:.2f}; agent.events holds {events} events "
+            f"protobuf / OTLP JSON throughput ratio {ratio:.2f}; protobuf OTLP / the same events as JSON on "
+            f"/v1/events {peer:.2f} (the events row counts its spans); agent.events holds {events} events "
             f"(expected {expected})",
             f"medians over {repeats} repeats; broker, gateway and load generator share this machine",
         ],

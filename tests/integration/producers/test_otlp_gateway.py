@@ -341,3 +341,57 @@ def test_unmappable_spans_land_in_the_dlq_with_trace_and_span_ids(gateway):
     assert json.loads(letter["payload"])["span"]["name"] == "POST /api"
     events = trace_events(broker.bootstrap, trace_id, count_records(broker.bootstrap, AGENT_EVENTS))
     assert sorted(e["type"] for e in events) == ["episode.ended", "episode.started", "step.recorded"]
+
+
+def test_the_openai_instrumentation_calling_the_policy_server_is_an_episode(gateway, tmp_path):
+    """The OpenTelemetry instrumentation of the `openai` SDK (GenAI spans) around real calls to the
+    policy server (`agentstream policy`, the tiny model, its own recording off): the exporter's spans
+    become the episode's LLM steps with the model, token usage and latency."""
+    pytest.importorskip(
+        "opentelemetry.instrumentation.openai_v2", reason="opentelemetry-instrumentation-openai-v2"
+    )
+    import openai
+    from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+
+    from consumers.trainer.tiny import tiny_model_dir
+    from tests.support.policy import policy_server
+
+    url, broker = gateway
+    tiny = tiny_model_dir(tmp_path / "models")
+    exporter = OTLPSpanExporter(endpoint=f"{url}/v1/traces", headers={"Authorization": f"Bearer {KEY}"})
+    provider, memory = TracerProvider(), InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    instrumentor = OpenAIInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        with policy_server(tmp_path / "policy", broker.bootstrap, tiny, "--record", "false") as (policy, _):
+            api = openai.OpenAI(base_url=f"{policy}/v1", api_key="none", max_retries=0, timeout=120)
+            tracer = provider.get_tracer("agent")
+            with tracer.start_as_current_span(
+                "invoke_agent tiny-agent", attributes={"gen_ai.operation.name": "invoke_agent"}
+            ):
+                for question in ("What is 2 + 2?", "And 3 + 3?"):
+                    api.chat.completions.create(
+                        model="policy", messages=[{"role": "user", "content": question}], max_tokens=8, seed=7
+                    )
+    finally:
+        instrumentor.uninstrument()
+        provider.shutdown()
+    spans = list(memory.get_finished_spans())
+    chats = sorted(
+        (s for s in spans if s.attributes.get("gen_ai.operation.name") == "chat"), key=lambda s: s.start_time
+    )
+    assert len(chats) == 2, [(s.name, dict(s.attributes)) for s in spans]
+    events = trace_events(broker.bootstrap, hex_trace(spans), count_records(broker.bootstrap, AGENT_EVENTS))
+    steps = sorted((e for e in events if e["type"] == "step.recorded"), key=lambda e: e["step_index"])
+    assert [s["step_index"] for s in steps] == [0, 1] and all(s["tool"] == "" for s in steps)
+    for step, span in zip(steps, chats, strict=True):
+        assert step["model"] == span.attributes.get(
+            "gen_ai.response.model", span.attributes["gen_ai.request.model"]
+        )
+        assert step["input_tokens"] == span.attributes["gen_ai.usage.input_tokens"] > 0
+        assert step["output_tokens"] == span.attributes["gen_ai.usage.output_tokens"] > 0
+        assert step["latency_ms"] == pytest.approx((span.end_time - span.start_time) / 1e6, abs=0.01)
+    ended = next(e for e in events if e["type"] == "episode.ended")
+    assert ended["total_steps"] == 2 and ended["success"]
