@@ -49,6 +49,7 @@ GENAI_OPERATIONS = {
 }
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _IDS = ("traceId", "spanId", "parentSpanId")
+_REMOTE_PARENT = 0x300  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK | SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,14 @@ class Span:
     attributes: dict[str, Any]
     error: str | None  # status ERROR: its message (or the exception / error.type)
     resource: dict[str, Any] = field(default_factory=dict)
+    remote_parent: bool = False  # its parent is in another process (OTLP span flags)
     message: Any = field(default=None, compare=False, repr=False)  # the protobuf Span, for dead letters
+
+    @property
+    def is_root(self) -> bool:
+        """The trace's top span here: no parent, or a parent in another process (the trace came in
+        over the network from a caller that is not exporting to us)."""
+        return not self.parent_id or self.remote_parent
 
     @property
     def kind(self) -> str | None:
@@ -134,6 +142,7 @@ def _span(span, resource: dict[str, Any]) -> Span:
         attributes=attrs,
         error=error,
         resource=resource,
+        remote_parent=span.flags & _REMOTE_PARENT == _REMOTE_PARENT,
         message=span,
     )
 
@@ -186,6 +195,7 @@ class TraceCursor:
 
     indexes: dict[str, int] = field(default_factory=dict)
     ended_with: int | None = None
+    root: str | None = None  # the span id of the root that ended the episode
     model: tuple[int, str] | None = None
     acked: set[str] = field(default_factory=set)  # event ids the broker acknowledged
 
@@ -247,7 +257,7 @@ def _unusable(span: Span) -> str | None:
         return f"span id {span.span_id!r} is not 8 bytes"
     if span.start_ns <= 0 or span.end_ns < span.start_ns:
         return f"start/end time {span.start_ns}/{span.end_ns} ns: no start, or it ends before it starts"
-    if span.parent_id and span.kind is None:
+    if not span.is_root and span.kind is None:
         oi = span.attributes.get("openinference.span.kind")
         op = span.attributes.get("gen_ai.operation.name")
         if oi is not None or op is not None:
@@ -260,21 +270,38 @@ def _map_trace(spans: list[Span], trace: TraceCursor, mapped: Mapped, max_bytes:
     """Steps in (start, end, span id) order, then the episode when the root span is here."""
     unique = {s.span_id: s for s in spans}.values()  # the same span twice in one request: once
     spans = sorted(unique, key=lambda s: (s.start_ns, s.end_ns, s.span_id))
-    root = next((s for s in spans if not s.parent_id), None)
+    root = _root(spans, trace, mapped)
     for span in spans:
+        if span.is_root and span is not root:
+            continue  # a second root: a dead letter already
         if span.kind in ("llm", "tool"):
             _step(span, trace, mapped, max_bytes)
-        elif span is not root:
+        elif not span.is_root:
             mapped.structural += 1
     if root is not None:
         if trace.ended_with is None:
-            trace.ended_with = len(trace.indexes)
+            trace.ended_with, trace.root = len(trace.indexes), root.span_id
         try:
             events = episode_events(root, trace)
         except ValidationError as exc:
             mapped.unmappable.append((root, _validation_reason(exc)))
             return
         mapped.events += events
+
+
+def _root(spans: list[Span], trace: TraceCursor, mapped: Mapped) -> Span | None:
+    """The episode span among `spans`: the first root, or the one that ended the episode before; any
+    other root (two services of one trace both exporting here) is a dead letter."""
+    roots = [s for s in spans if s.is_root]
+    chosen = (
+        roots[0]
+        if roots and trace.root is None
+        else next((s for s in roots if s.span_id == trace.root), None)
+    )
+    for other in (s for s in roots if s is not chosen):
+        root = trace.root or chosen.span_id  # type: ignore[union-attr]
+        mapped.unmappable.append((other, f"a second root span in the trace (the episode's is {root})"))
+    return chosen
 
 
 def _step(span: Span, trace: TraceCursor, mapped: Mapped, max_bytes: int) -> None:

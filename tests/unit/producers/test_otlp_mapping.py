@@ -276,3 +276,25 @@ def test_the_cursor_is_bounded():
     for trace in ("a", "b", "c"):
         cursor.trace(trace)
     assert list(cursor.traces) == ["b", "c"]
+
+
+def test_a_span_whose_parent_is_in_another_process_is_the_episode_span_and_a_second_root_is_refused():
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    upstream = SpanContext(0xAB * (2**120 // 0xFF), 0x1234, is_remote=True, trace_flags=TraceFlags(1))
+    provider, exporter = TracerProvider(), InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("service")
+    for name in ("invoke_agent first", "invoke_agent second"):  # two requests of one upstream trace
+        attrs = {"gen_ai.operation.name": "invoke_agent"}
+        with trace.use_span(NonRecordingSpan(upstream)), tracer.start_as_current_span(name, attributes=attrs):
+            _chat(tracer, _messages({"type": "text", "content": "hi"}), 5, 1, "stop")
+    spans = list(exporter.get_finished_spans())
+    cursor = StepCursor()
+    events, unmappable = events_of(request_bytes(spans[:2]), cursor=cursor)  # the first request's spans
+    ended = next(e for e in events if isinstance(e, EpisodeEnded))
+    assert ended.total_steps == 1 and not unmappable
+    _, unmappable = events_of(request_bytes(spans), cursor=cursor)
+    assert sorted(s.name for s, _ in unmappable) == ["chat tiny-1", "invoke_agent second"]
+    assert any("a second root span in the trace" in reason for _, reason in unmappable)
