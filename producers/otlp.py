@@ -197,13 +197,13 @@ class TraceCursor:
     ended_with: int | None = None
     root: str | None = None  # the span id of the root that ended the episode
     model: tuple[int, str] | None = None
-    acked: set[str] = field(default_factory=set)  # event ids the broker acknowledged
+    acked: set[int] = field(default_factory=set)  # what the broker acknowledged: step indexes, -1 / -2
 
 
 class StepCursor:
     """Step indexes per trace, for the traces seen most recently (at most `max_traces`)."""
 
-    def __init__(self, max_traces: int = 100_000):
+    def __init__(self, max_traces: int = 50_000):  # ~150 bytes per step: ~150 MB for 20-step traces
         self.max_traces = max_traces
         self.traces: OrderedDict[str, TraceCursor] = OrderedDict()
 
@@ -216,11 +216,19 @@ class StepCursor:
 
     def unacknowledged(self, events: list[EventBase]) -> list[EventBase]:
         """The events not acknowledged before (a resent batch adds nothing to the topic)."""
-        return [e for e in events if e.event_id not in self.trace(e.trajectory_id).acked]
+        return [e for e in events if _ack_key(e) not in self.trace(e.trajectory_id).acked]
 
     def acknowledged(self, events: list[EventBase]) -> None:
         for event in events:
-            self.trace(event.trajectory_id).acked.add(event.event_id)
+            self.trace(event.trajectory_id).acked.add(_ack_key(event))
+
+
+def _ack_key(event: EventBase) -> int:
+    """An acknowledged event of a trace, as a small int: its step index, -1 started, -2 ended (one
+    event per slot: the cursor hands out each index once)."""
+    return (
+        event.step_index if isinstance(event, StepRecorded) else -1 if event.type == "episode.started" else -2
+    )
 
 
 # --- spans -> events -------------------------------------------------------------------------------
