@@ -12,8 +12,10 @@ Same API keys and size limits as `/v1/events` (`--max-body-bytes` on the body af
   is written to any topic. 401 / 413 / 415 as on `/v1/events`.
 - 503 when the broker did not acknowledge (the body of `/v1/events`' 503; OTLP exporters retry it).
 
-Events go through `producers.gateway._publish`, the one path every gateway event takes. The step
-cursor (`producers.otlp.StepCursor`) lives in the application, one per gateway process.
+Events and dead letters go through the gateway's own `_publish` / `_send_dead_letters` (redaction
+included) once `create_app` passes them to `add_otlp_routes`; until then through this module's twins
+of the same contract. The step cursor (`producers.otlp.StepCursor`) lives in the application, one per
+gateway process.
 """
 
 from __future__ import annotations
