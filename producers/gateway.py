@@ -22,6 +22,11 @@ same events is safe: event ids identify events and every consumer deduplicates o
 
 The gateway does not spool: an answer of 202 means the events are on the broker; 503 means retry.
 
+Redaction: every event published (`/v1/events` and the OTLP route, both through `_publish`) and
+every dead letter passes the process's redactor first (`producers.redaction`, configured by the
+settings file): secrets are replaced by `[REDACTED:<detector>]` and counted in `redactions`. The
+202 answer's event ids are unchanged.
+
 This module is the HTTP shell (aiohttp handlers, `create_app`, `serve`). The pure core - config,
 API keys, body -> events or errors - is `producers.gateway_requests`; sending to Kafka is
 `producers.gateway_publishers`; the OpenAPI document is `producers.openapi`. Their public names are
@@ -57,6 +62,7 @@ from producers.gateway_requests import (
     too_large,
 )
 from producers.http import serve_app
+from producers.redaction import Redactor, load_redactor
 from schemas.codec import encode, encode_key
 from schemas.topics import DLQ, topic_for
 
@@ -86,19 +92,23 @@ log = logging.getLogger(__name__)
 # --- the HTTP shell --------------------------------------------------------------------------------
 
 
-def create_app(config: GatewayConfig, publisher=None):
-    """The aiohttp application (publisher injectable for benchmarks)."""
+def create_app(config: GatewayConfig, publisher=None, redactor: Redactor | None = None):
+    """The aiohttp application (publisher and redactor injectable for benchmarks and tests)."""
     from aiohttp import web
 
+    if redactor is None:
+        from schemas.settings import Settings
+
+        redactor = load_redactor(config.settings_file, Settings().data_dir)
     publisher = publisher or make_publisher(config)
     app = web.Application(client_max_size=config.max_body_bytes)
-    app["config"], app["publisher"] = config, publisher
+    app["config"], app["publisher"], app["redactor"] = config, publisher, redactor
     app.router.add_post("/v1/events", _post_events)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/openapi.json", _openapi)
     from producers.otlp_http import add_otlp_routes
 
-    add_otlp_routes(app)  # POST /v1/traces: OpenTelemetry spans as episodes and steps
+    add_otlp_routes(app, _publish, _send_dead_letters)  # POST /v1/traces: spans as episodes and steps
 
     async def _close(app_):
         await publisher.close()
@@ -162,6 +172,7 @@ async def _checked_body(request, config: GatewayConfig) -> bytes:
 
 async def _publish(request, events: list, request_id: str):
     publisher = request.app["publisher"]
+    events = [request.app["redactor"].redact_event(e) for e in events]
     records = [(topic_for(e.type), encode_key(e), encode(e)) for e in events]
     try:
         results = await publisher.send_all(records)
@@ -218,7 +229,13 @@ async def _send_dead_letters(request, payloads: list[tuple[str, bytes]]) -> bool
 
     if not request.app["config"].dead_letters:
         return False
-    letters = [dead_letter(STAGE, reason, payload, error_type="DecodeError") for reason, payload in payloads]
+    redactor: Redactor = request.app["redactor"]
+    letters = [
+        dead_letter(
+            STAGE, redactor.redact_text(reason)[0], redactor.redact_bytes(payload), error_type="DecodeError"
+        )
+        for reason, payload in payloads
+    ]
     try:
         results = await request.app["publisher"].send_all([(DLQ, encode_key(d), encode(d)) for d in letters])
     except Exception as exc:

@@ -52,6 +52,14 @@ class GatewayConfig:
     )
     dead_letters: bool = True
     linger_ms: int = 2
+    settings_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "YAML settings file (its `redaction:` section); default <data dir>/settings.yaml "
+            "when it exists",
+            "env": "AGENTSTREAM_SETTINGS_FILE",
+        },
+    )
 
     def __post_init__(self):
         object.__setattr__(self, "api_key_hashes", parse_key_hashes(self.api_key_hashes))

@@ -35,6 +35,10 @@ the batch being written at that moment are reported lost that way, never silentl
 Here lives the public API (`AgentRecorder`, `Episode` and their asyncio variants); the buffer and
 the two threads are `producers.pipeline`, policy following is `producers.policy_follower`.
 
+Redaction: `publish` passes every event through the process's redactor (`producers.redaction`,
+configured by the settings file: `settings_file`, else `$AGENTSTREAM_SETTINGS_FILE`, else
+`<data_dir>/settings.yaml`) before it is encoded, so secrets never reach the spool or the broker.
+
 Buffer policy when full (`on_full`): "block" waits up to `block_timeout_s` for room, then raises
 `RecorderBufferFull`; "raise" raises at once. The buffer only fills when the disk cannot keep up: a
 broker outage does not block the agent, it grows the spool.
@@ -63,6 +67,7 @@ from producers.pipeline import (
     Until,
 )
 from producers.policy_follower import PolicyFollower
+from producers.redaction import load_redactor
 from producers.spool import Spool, SpoolRecord
 from schemas.codec import encode, encode_key
 from schemas.events import EventBase
@@ -119,6 +124,7 @@ class AgentRecorder:
         self.bootstrap_servers = bootstrap_servers
         self.data_dir = Path(data_dir)
         self.agent, self.model, self.policy_version = agent, model, policy_version
+        self.redactor = load_redactor(self.config.settings_file, self.data_dir)
         self._policy = PolicyFollower(bootstrap_servers, self.config.policy_ttl_s) if follow_policy else None
         cfg = self.config
         delivery_config = DeliveryConfig(
@@ -194,11 +200,12 @@ class AgentRecorder:
         return latest if latest is not None else self.policy_version
 
     def publish(self, event: EventBase, on_full: OnFull | None = None) -> int:
-        """Accept one event for delivery (any registry event type; routed by its type)."""
+        """Accept one event for delivery (any registry event type; routed by its type), redacted."""
         if self._pipeline.writer_error is not None:
             raise ProducerError(
                 f"the spool writer failed; nothing more can be recorded: {self._pipeline.writer_error!r}"
             )
+        event = self.redactor.redact_event(event)
         value = encode(event)
         if len(value) > self.config.max_event_bytes:
             raise ProducerError(

@@ -17,12 +17,14 @@ from typing import Annotated, Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 SCHEMA_MAJOR = 1
-SCHEMA_VERSION = f"{SCHEMA_MAJOR}.0"
+# 1.1: `redactions` on the events that carry free text (issue #18)
+SCHEMA_VERSION = f"{SCHEMA_MAJOR}.1"
 
 Score = Annotated[float, Field(ge=0.0, le=1.0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 NonNegFloat = Annotated[float, Field(ge=0.0)]
 JsonDict = dict[str, Any]
+REDACTIONS_HELP = "secrets replaced by a [REDACTED:<detector>] placeholder before publishing (since 1.1)"
 
 
 def utc_now() -> datetime:
@@ -61,6 +63,7 @@ class EpisodeStarted(EventBase):
     group_id: str | None = Field(None, description="rollouts of one task sampled together (GRPO groups)")
     reference_steps: NonNegInt | None = Field(None, description="reference step count, for efficiency")
     metadata: JsonDict = Field(default_factory=dict)
+    redactions: NonNegInt = Field(0, description=REDACTIONS_HELP)
 
 
 class StepRecorded(EventBase):
@@ -111,6 +114,7 @@ class StepRecorded(EventBase):
     samples: list[JsonDict] | None = Field(
         None, description="n > 1: the other samples ({token_ids, logprobs, finish_reason, text})"
     )
+    redactions: NonNegInt = Field(0, description=REDACTIONS_HELP)
 
 
 class EpisodeEnded(EventBase):
@@ -129,6 +133,7 @@ class EpisodeEnded(EventBase):
     outcome_source: str | None = Field(
         None, description="where success/score came from (e.g. 'info.exit_status'); 'unknown': not stated"
     )
+    redactions: NonNegInt = Field(0, description=REDACTIONS_HELP)
 
 
 # --- reward.rule --------------------------------------------------------------------------------
@@ -201,6 +206,7 @@ class FeedbackAnnotation(EventBase):
     score: Score
     annotator: str = ""
     comment: str = ""
+    redactions: NonNegInt = Field(0, description=REDACTIONS_HELP)
 
 
 class CalibrationUpdated(EventBase):

@@ -45,7 +45,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "steps": _columns(
         "event_id trajectory_id step_index occurred_at thought tool params observation exit_code error "
         "model policy_version input_tokens output_tokens latency_ms sampled_tokens producer "
-        "token_continuity token_continuity_break token_rl_eligible tokenizer_hash finish_reason"
+        "token_continuity token_continuity_break token_rl_eligible tokenizer_hash finish_reason redactions"
     ),
     "rule_rewards": _columns(
         "event_id trajectory_id step_index occurred_at redundancy regression info_utilization score "

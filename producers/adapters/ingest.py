@@ -7,6 +7,9 @@ file or record to the dead-letter topic (stage "ingest", the file path as source
 summary. The command (`infra/commands/ingest.py`) shows progress and the summary, and exits 1 when
 anything was rejected or could not be published; the valid files of the same run still land.
 
+Redaction: events and dead letters pass the process's redactor (`producers.redaction`, configured
+by the settings file) before they are published; a dry run publishes nothing and redacts nothing.
+
 Idempotent: event ids depend only on the format, the file's bytes and positions inside it, so
 ingesting a file again re-publishes the same ids (sinks deduplicate on event_id).
 """
@@ -25,6 +28,7 @@ import orjson
 from producers.adapters.agentstream_jsonl import ReadyEvents
 from producers.adapters.base import AdapterError, Overrides, Rejection, build_events, load_document
 from producers.adapters.detect import FORMATS, adapter_for, detect_format
+from producers.redaction import Redactor, load_redactor
 from schemas.events import EventBase
 
 log = logging.getLogger(__name__)
@@ -186,6 +190,14 @@ class IngestConfig:
     agent: str = field(default="", metadata={"help": "agent name for every episode (default: from the log)"})
     model: str = field(default="", metadata={"help": "model name for every episode (default: from the log)"})
     dry_run: bool = field(default=False, metadata={"help": "convert and summarise, publish nothing"})
+    settings_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "YAML settings file (its `redaction:` section); default <data dir>/settings.yaml "
+            "when it exists",
+            "env": "AGENTSTREAM_SETTINGS_FILE",
+        },
+    )
 
 
 def ingest(
@@ -195,7 +207,7 @@ def ingest(
     (`summarize`). `progress` wraps the list of files (the command shows a progress bar with it)."""
     files, skipped, missing = collect_paths(paths)
     overrides = Overrides(domain=config.domain, agent=config.agent, model=config.model)
-    publisher = None if config.dry_run else Publisher(config.bootstrap_servers)
+    publisher = None if config.dry_run else Publisher(config.bootstrap_servers, _redactor(config))
     reports: list[FileReport] = [_missing_report(raw) for raw in missing]
     dead_letters = 0
     try:
@@ -215,6 +227,12 @@ def succeeded(summary: dict[str, Any]) -> bool:
     return summary["rejected"] == 0 and summary["files"] > 0
 
 
+def _redactor(config: IngestConfig) -> Redactor:
+    from schemas.settings import Settings
+
+    return load_redactor(config.settings_file, Settings().data_dir)
+
+
 def _missing_report(raw: str) -> FileReport:
     return FileReport(Path(raw), rejections=[Rejection(raw, f"{raw}: no such file or directory")])
 
@@ -231,11 +249,12 @@ def _read_and_convert(path: Path, fmt: str, overrides: Overrides) -> FileReport:
 class Publisher:
     """kafka-python producer for converted events and dead letters (acks=all, ordered per key)."""
 
-    def __init__(self, bootstrap_servers: str, timeout_s: float = 30.0):
+    def __init__(self, bootstrap_servers: str, redactor: Redactor | None = None, timeout_s: float = 30.0):
         from clients.kafka import ensure_topics, make_producer
         from schemas.topics import AGENT_EVENTS, DLQ, TOPICS
 
         self.timeout_s = timeout_s
+        self.redactor = redactor or Redactor.default()
         try:
             ensure_topics(bootstrap_servers, [TOPICS[AGENT_EVENTS], TOPICS[DLQ]], timeout_s=timeout_s)
             self.producer = make_producer(
@@ -256,6 +275,7 @@ class Publisher:
         from schemas.codec import encode, encode_key
         from schemas.topics import topic_for
 
+        report.events = [self.redactor.redact_event(e) for e in report.events]
         try:
             futures = [
                 self.producer.send(topic_for(e.type), key=encode_key(e), value=encode(e))
@@ -286,8 +306,7 @@ class Publisher:
             return 0
         return len(letters)
 
-    @staticmethod
-    def _letter(report: FileReport, rejection: Rejection, dead_letter):
+    def _letter(self, report: FileReport, rejection: Rejection, dead_letter):
         if rejection.record is not None:
             payload = orjson.dumps(rejection.record, default=str)
         else:
@@ -299,6 +318,7 @@ class Publisher:
         if len(payload) > DLQ_PAYLOAD_LIMIT:
             reason += f" (payload truncated to the first {DLQ_PAYLOAD_LIMIT} of {len(payload)} bytes)"
             payload = payload[:DLQ_PAYLOAD_LIMIT]
+        reason, payload = self.redactor.redact_text(reason)[0], self.redactor.redact_bytes(payload)
         return dead_letter(STAGE, reason, payload, key=str(report.path), error_type="AdapterError")
 
     def close(self) -> None:

@@ -1,0 +1,430 @@
+"""Redaction of secrets and personal data before an event is published (issue #18).
+
+One `Redactor` per process, built from the `redaction:` section of the settings file, is applied by
+every producer path right before encoding: the SDK (`AgentRecorder.publish`, so the policy server's
+recording too), the gateway (`/v1/events` and OTLP, in `producers.gateway._publish`) and
+`agentstream ingest`. Each match is replaced by a typed placeholder, `[REDACTED:<detector>]`, and
+counted in the event's `redactions` field.
+
+    >>> r = Redactor.default()
+    >>> r.redact_text("key AKIAIOSFODNN7EXAMPLE, mail ops@example.com")
+    ('key [REDACTED:aws_access_key], mail [REDACTED:email]', 2)
+
+Speed: each built-in detector has triggers (a literal, or a pattern starting with one) and runs only
+when one of them is in the event's text, looked for once over all of its free-text fields; an event
+with nothing to redact costs those dozen scans (`agentstream bench redaction`, docs/redaction.md).
+
+This module owns the detectors, the settings-file section and the event walk; it does no I/O except
+reading the settings file in `load_settings` and must not import anything above `producers`. A bad
+settings file is a `ProducerError` naming the file, the field and the value.
+
+Settings file (YAML; `AGENTSTREAM_SETTINGS_FILE`, else `<data dir>/settings.yaml` when it exists):
+
+    redaction:
+      enabled: true            # default true
+      detectors:               # every built-in detector is on unless set to false here
+        email: false
+      patterns:                # your own: a name ([a-z0-9_]+) and a Python regex
+        - name: ticket
+          regex: "TICKET-[0-9]{6}"
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from producers.errors import ProducerError
+from schemas.events import EpisodeEnded, EpisodeStarted, EventBase, FeedbackAnnotation, StepRecorded
+
+SETTINGS_FILE_ENV = "AGENTSTREAM_SETTINGS_FILE"
+SETTINGS_FILE_NAME = "settings.yaml"
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+Trigger = str | re.Pattern[str]
+
+
+@dataclass(frozen=True)
+class Detector:
+    """One kind of secret. `pattern` matches it; when the pattern has a group named `secret`, only
+    that group is replaced (`Bearer [REDACTED:bearer_token]`). `triggers`: literals (or cheap
+    patterns) one of which any match contains; the pattern runs only on text containing one of
+    them. No triggers: the pattern always runs (user patterns)."""
+
+    name: str
+    pattern: re.Pattern[str]
+    triggers: tuple[Trigger, ...] = ()
+
+    @property
+    def placeholder(self) -> str:
+        return f"[REDACTED:{self.name}]"
+
+    def sub(self, text: str) -> tuple[str, int]:
+        """`text` with every match replaced, and how many there were."""
+        return self.pattern.subn(self.replace, text)
+
+    def replace(self, match: re.Match[str]) -> str:
+        if "secret" not in self.pattern.groupindex or match.group("secret") is None:
+            return self.placeholder
+        whole, start = match.group(0), match.start()
+        return (
+            whole[: match.start("secret") - start] + self.placeholder + whole[match.end("secret") - start :]
+        )
+
+
+def _detector(name: str, regex: str, *triggers: Trigger) -> Detector:
+    return Detector(name, re.compile(regex), triggers)
+
+
+def _present(trigger: Trigger, text: str) -> bool:
+    return trigger in text if isinstance(trigger, str) else trigger.search(text) is not None
+
+
+class _PrivateKeyDetector(Detector):
+    """From `-----BEGIN ... PRIVATE KEY-----` to its END line, or to the end of a cut-off text
+    (`str.find` for the END line: a lazy regex would step through the whole block)."""
+
+    def sub(self, text: str) -> tuple[str, int]:
+        out, n, pos = [], 0, 0
+        while (begin := self.pattern.search(text, pos)) is not None:
+            end_line = f"-----END {begin.group(1)}-----"
+            end = text.find(end_line, begin.end())
+            out += [text[pos : begin.start()], self.placeholder]
+            n, pos = n + 1, len(text) if end < 0 else end + len(end_line)
+        return ("".join(out) + text[pos:], n) if n else (text, 0)
+
+
+@dataclass(frozen=True)
+class _AnyCaseDetector(Detector):
+    """A case-insensitive pattern, tried only where `anchor` (lower case) is in the lower-cased
+    text: an IGNORECASE regex has no literal to scan for and would try every position."""
+
+    anchor: str = ""
+
+    def sub(self, text: str) -> tuple[str, int]:
+        if not text.isascii():  # lower() could change the length, so positions would not match
+            return self.pattern.subn(self.replace, text)
+        lowered = text.lower()
+        out, n, pos, at = [], 0, 0, lowered.find(self.anchor)
+        while at >= 0:
+            match = self.pattern.match(text, at)
+            if match is not None:
+                out += [text[pos:at], self.replace(match)]
+                n, pos = n + 1, match.end()
+            at = lowered.find(self.anchor, max(at + 1, pos))
+        return ("".join(out) + text[pos:], n) if n else (text, 0)
+
+
+def _any_case(name: str, anchor: str, regex: str, *triggers: Trigger) -> Detector:
+    return _AnyCaseDetector(name, re.compile(regex, re.IGNORECASE), triggers, anchor)
+
+
+_LOCAL_PART = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._%+-")
+
+
+class _EmailDetector(Detector):
+    """`local@domain.tld`: the pattern finds `@domain.tld` (a literal first, so the scan is fast),
+    the local part is walked back from the `@` (at most 64 characters)."""
+
+    def sub(self, text: str) -> tuple[str, int]:
+        out, n, pos = [], 0, 0
+        for match in self.pattern.finditer(text):
+            at = start = match.start()
+            while start > max(pos, at - 64) and text[start - 1] in _LOCAL_PART:
+                start -= 1
+            if start < at:
+                out += [text[pos:start], self.placeholder]
+                n, pos = n + 1, match.end()
+        return ("".join(out) + text[pos:], n) if n else (text, 0)
+
+
+# Patterns start with their literal (the regex engine then scans for it quickly) and check the word
+# boundary before it with a lookbehind. Order matters: a key block first (its base64 could feed
+# later detectors), passwords in URLs before e-mail addresses (`user:pass@host.com`).
+# Triggers are chosen for speed on text with nothing to redact: one `in` of a literal is a C scan
+# (a single character is memchr); a pattern with a literal prefix replaces several `in`s.
+_AT = "@"
+_SK = "sk-"
+BUILTIN_DETECTORS: tuple[Detector, ...] = (
+    _PrivateKeyDetector(
+        "private_key", re.compile(r"-----BEGIN ([A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?)-----"), ("PRIVATE KEY",)
+    ),
+    _detector(
+        "aws_access_key",
+        r"(?:AKIA|ASIA|ABIA|ACCA)(?<![A-Za-z0-9][A-Z]{4})[A-Z0-9]{16}(?![A-Za-z0-9])",
+        re.compile("A(?:KIA|SIA|BIA|CCA)"),
+    ),
+    _any_case(
+        "aws_secret_key",
+        "aws",
+        r"(?<![A-Za-z0-9])aws_?secret_?(?:access_?)?key(?:_id)?[\"']?\s*[:=]\s*[\"']?"
+        r"(?P<secret>[A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])",
+        "ecret",
+        "ECRET",
+    ),
+    _detector(
+        "github_token",
+        r"(?:gh[pousr]_(?<![A-Za-z0-9_]gh._)[A-Za-z0-9]{36,255}"
+        r"|github_pat_(?<![A-Za-z0-9_]github_pat_)[A-Za-z0-9_]{22,255})(?![A-Za-z0-9_])",
+        re.compile("g(?:h[pousr]|ithub_pat)_"),
+    ),
+    _detector("anthropic_key", r"sk-ant-(?<![A-Za-z0-9_]sk-ant-)[A-Za-z0-9_\-]{20,}", _SK),
+    _detector("openai_key", r"sk-(?<![A-Za-z0-9_]sk-)(?!ant-)[A-Za-z0-9_\-]{20,}", _SK),
+    _detector("slack_token", r"xox(?<![A-Za-z0-9_]xox)[abposr]-[A-Za-z0-9\-]{10,}", "xox"),
+    _detector("google_api_key", r"AIza(?<![A-Za-z0-9_]AIza)[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])", "AIza"),
+    _detector(
+        "jwt", r"eyJ(?<![A-Za-z0-9_]eyJ)[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", "eyJ"
+    ),
+    _any_case(
+        "bearer_token",
+        "bearer",
+        r"(?<![A-Za-z0-9_])bearer\s+(?P<secret>(?=[A-Za-z._~+/\-]*[0-9])[A-Za-z0-9._~+/\-]{8,}=*)",
+        "earer",
+        "EARER",
+    ),
+    _detector("url_password", r"://[^\s:/@]++:(?P<secret>[^\s@/]++)@", _AT),
+    _EmailDetector(
+        "email",
+        re.compile(
+            r"@(?<=[A-Za-z0-9._%+\-]@)[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}(?![A-Za-z0-9_])"
+        ),
+        (_AT,),
+    ),
+)
+BUILTIN_NAMES: tuple[str, ...] = tuple(d.name for d in BUILTIN_DETECTORS)
+
+
+class Redactor:
+    """Applies detectors, in order, to text, JSON-like values and events (pure; thread-safe)."""
+
+    def __init__(self, detectors: Iterable[Detector], enabled: bool = True):
+        self.detectors: tuple[Detector, ...] = tuple(detectors) if enabled else ()
+        self._triggers = tuple(dict.fromkeys(t for d in self.detectors for t in d.triggers))
+        self._always = any(not d.triggers for d in self.detectors)
+
+    @classmethod
+    def default(cls) -> Redactor:
+        """Every built-in detector, on."""
+        return cls(BUILTIN_DETECTORS)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.detectors)
+
+    def redact_text(self, text: str) -> tuple[str, int]:
+        """`text` with every match replaced by its placeholder, and the number of replacements."""
+        return self._redact_text(text, self.active(text))
+
+    def active(self, text: str) -> tuple[Detector, ...]:
+        """The detectors that may match in `text`: their trigger is in it, or they have none."""
+        found = {t for t in self._triggers if _present(t, text)}
+        if not found and not self._always:
+            return ()
+        return tuple(d for d in self.detectors if not d.triggers or not found.isdisjoint(d.triggers))
+
+    @staticmethod
+    def _redact_text(text: str, detectors: tuple[Detector, ...]) -> tuple[str, int]:
+        total = 0
+        for d in detectors:
+            text, n = d.sub(text)
+            total += n
+        return text, total
+
+    def redact_bytes(self, data: bytes) -> bytes:
+        """Raw input (a dead letter's payload): redacted when it is UTF-8 text, else unchanged."""
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return data
+        redacted, n = self.redact_text(text)
+        return redacted.encode("utf-8") if n else data
+
+    def redact_value(self, value: Any, detectors: tuple[Detector, ...] | None = None) -> tuple[Any, int]:
+        """Strings inside dicts and lists (values, not keys) redacted; other values unchanged.
+        `detectors`: the ones to apply (default: those `active` for each string)."""
+        if isinstance(value, str):
+            if not value:
+                return value, 0
+            return self._redact_text(value, self.active(value) if detectors is None else detectors)
+        if isinstance(value, dict):
+            out, total = {}, 0
+            for key, item in value.items():
+                out[key], n = self.redact_value(item, detectors)
+                total += n
+            return (out, total) if total else (value, 0)
+        if isinstance(value, list | tuple):
+            if not value or isinstance(value[0], int | float):  # token ids, logprobs: no text
+                return value, 0
+            items = [self.redact_value(item, detectors) for item in value]
+            total = sum(n for _, n in items)
+            return ([item for item, _ in items], total) if total else (value, 0)
+        return value, 0
+
+    def redact_event(self, event: EventBase) -> EventBase:
+        """The event with its free-text fields redacted and `redactions` increased by the count;
+        the same object when nothing matched (or for event types without free text)."""
+        names = FREE_TEXT_FIELDS.get(type(event))
+        if not names or not self.detectors:
+            return event
+        values = [getattr(event, name) for name in names]
+        texts: list[str] = []
+        _strings(values, texts)
+        # one look for the triggers over all the event's text: a clean event stops here
+        detectors = self.active("\n".join(texts))
+        if not detectors:
+            return event
+        update, total = {}, 0
+        for name, value in zip(names, values, strict=True):
+            value, n = self.redact_value(value, detectors)
+            if n:
+                update[name], total = value, total + n
+        if not total:
+            return event
+        update["redactions"] = event.redactions + total
+        return event.model_copy(update=update)
+
+
+def _strings(value: Any, out: list[str]) -> None:
+    """Append every non-empty string inside `value` (dict values, list items) to `out`."""
+    if isinstance(value, str):
+        if value:
+            out.append(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _strings(item, out)
+    elif isinstance(value, list | tuple) and value and not isinstance(value[0], int | float):
+        for item in value:
+            _strings(item, out)
+
+
+# The fields of each published model that carry text an agent or a user wrote.
+FREE_TEXT_FIELDS: dict[type[EventBase], tuple[str, ...]] = {
+    EpisodeStarted: ("task", "metadata"),
+    StepRecorded: ("thought", "params", "observation", "error", "samples"),
+    EpisodeEnded: ("error",),
+    FeedbackAnnotation: ("comment",),
+}
+
+
+# --- settings ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RedactionSettings:
+    """The `redaction:` section: on/off, built-in detectors turned off, user patterns (name, regex)."""
+
+    enabled: bool = True
+    disabled: frozenset[str] = frozenset()
+    patterns: tuple[tuple[str, str], ...] = ()
+    source: str = field(default="(defaults)", compare=False)
+
+    def redactor(self) -> Redactor:
+        """Built-in detectors not turned off, then the user patterns, in the file's order."""
+        chosen = [d for d in BUILTIN_DETECTORS if d.name not in self.disabled]
+        chosen += [Detector(name, re.compile(regex)) for name, regex in self.patterns]
+        return Redactor(chosen, self.enabled)
+
+
+def settings_file(explicit: str | Path | None = None, data_dir: str | Path | None = None) -> Path | None:
+    """Which settings file applies: `explicit`, else `$AGENTSTREAM_SETTINGS_FILE`, else
+    `<data_dir>/settings.yaml` when it exists, else None (built-in defaults). A file named
+    explicitly or by the environment must exist."""
+    named = explicit or os.environ.get(SETTINGS_FILE_ENV)
+    if named:
+        path = Path(named)
+        if not path.is_file():
+            raise ProducerError(f"settings file {str(path)!r} does not exist (or is not a file)")
+        return path
+    if data_dir is not None and (Path(data_dir) / SETTINGS_FILE_NAME).is_file():
+        return Path(data_dir) / SETTINGS_FILE_NAME
+    return None
+
+
+def load_settings(path: Path | None) -> RedactionSettings:
+    """The `redaction:` section of the YAML file at `path` (None: defaults)."""
+    if path is None:
+        return RedactionSettings()
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ProducerError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ProducerError(f"{path}: expected a mapping at the top, got {type(doc).__name__}")
+    return parse_section(doc.get("redaction") or {}, str(path))
+
+
+def parse_section(section: Any, source: str = "settings") -> RedactionSettings:
+    """Check and read a `redaction:` mapping; errors name `source`, the field and the value."""
+
+    def bad(field_: str, value: Any, expected: str) -> ProducerError:
+        return ProducerError(f"{source}: redaction.{field_}: {expected}, got {value!r}")
+
+    if not isinstance(section, dict):
+        raise bad("", section, "expected a mapping")
+    unknown = sorted(set(section) - {"enabled", "detectors", "patterns"})
+    if unknown:
+        raise bad(unknown[0], section[unknown[0]], "unknown key (known: enabled, detectors, patterns)")
+    enabled = section.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise bad("enabled", enabled, "expected true or false")
+    return RedactionSettings(
+        enabled,
+        _disabled(section.get("detectors") or {}, bad),
+        _patterns(section.get("patterns") or [], bad),
+        source,
+    )
+
+
+def _disabled(detectors: Any, bad) -> frozenset[str]:
+    if not isinstance(detectors, dict):
+        raise bad("detectors", detectors, "expected a mapping of detector name -> true/false")
+    for name, on in detectors.items():
+        if name not in BUILTIN_NAMES:
+            raise bad(f"detectors.{name}", name, f"unknown detector (known: {', '.join(BUILTIN_NAMES)})")
+        if not isinstance(on, bool):
+            raise bad(f"detectors.{name}", on, "expected true or false")
+    return frozenset(name for name, on in detectors.items() if not on)
+
+
+def _patterns(patterns: Any, bad) -> tuple[tuple[str, str], ...]:
+    if not isinstance(patterns, list):
+        raise bad("patterns", patterns, "expected a list of {name, regex}")
+    out = []
+    for i, item in enumerate(patterns):
+        if not isinstance(item, dict) or set(item) != {"name", "regex"}:
+            raise bad(f"patterns[{i}]", item, "expected a mapping with exactly the keys name and regex")
+        name, regex = item["name"], item["regex"]
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise bad(
+                f"patterns[{i}].name", name, "expected a lower-case name of [a-z0-9_] starting with a letter"
+            )
+        if not isinstance(regex, str) or not regex:
+            raise bad(f"patterns[{i}].regex", regex, "expected a non-empty regular expression")
+        try:
+            compiled = re.compile(regex)
+        except re.error as exc:
+            raise bad(f"patterns[{i}].regex", regex, f"not a valid regular expression ({exc})") from None
+        if compiled.match(""):
+            raise bad(f"patterns[{i}].regex", regex, "matches the empty string")
+        out.append((name, regex))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(path: Path | None) -> Redactor:
+    return load_settings(path).redactor()
+
+
+def load_redactor(explicit: str | Path | None = None, data_dir: str | Path | None = None) -> Redactor:
+    """The process's redactor for the settings file that applies (see `settings_file`), built
+    once per file and shared by every producer in the process."""
+    path = settings_file(explicit, data_dir)
+    return _cached(path.resolve() if path is not None else None)
