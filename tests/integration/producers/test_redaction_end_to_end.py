@@ -173,3 +173,46 @@ def test_ingest_redacts_a_log_file(broker, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     steps = [v for v in _raw_values(broker.bootstrap, AGENT_EVENTS, 2) if b'"step.recorded"' in v]
     _assert_redacted(steps[0])
+
+
+def test_gateway_otlp_route_redacts_span_text(broker, tmp_path):
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    ready = tmp_path / "gateway.ready"
+    args = [
+        *AGENTSTREAM,
+        "gateway",
+        "--bootstrap-servers",
+        broker.bootstrap,
+        "--port",
+        "0",
+        "--ready-file",
+        str(ready),
+    ]
+    proc = Proc(
+        args, tmp_path / "gateway.log", env={"AGENTSTREAM_GATEWAY_API_KEY_HASHES": hash_key("gw-key")}
+    )
+    try:
+        address = wait_for(lambda: proc.alive() and ready.exists() and ready.read_text(), what="the gateway")
+        exporter = OTLPSpanExporter(
+            endpoint=f"http://{address}/v1/traces", headers={"Authorization": "Bearer gw-key"}
+        )
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = provider.get_tracer("agent")
+        with tracer.start_as_current_span(
+            "invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent"}
+        ):
+            tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "bash"}
+            with tracer.start_as_current_span(
+                "execute_tool bash", attributes=tool | {"gen_ai.tool.call.result": OBSERVATION}
+            ):
+                pass
+        assert provider.force_flush(10_000)
+        provider.shutdown()
+        steps = [v for v in _raw_values(broker.bootstrap, AGENT_EVENTS, 3) if b'"step.recorded"' in v]
+        _assert_redacted(steps[0])
+    finally:
+        proc.stop()
