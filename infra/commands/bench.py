@@ -24,6 +24,8 @@ BENCHMARKS = {
     "policy": "policy server tokens/s and requests/s per concurrency; recording overhead; reload pauses",
     "rollout": "rollout episodes/s and steps/s on calc per concurrency; local sandbox tool-call overhead",
     "console": "web console server time per page: trajectory list, filtered, page 200, a 200-step trajectory",
+    "otlp": "gateway OTLP/HTTP spans/s into agent.events (protobuf, 100 spans a request), p50/p99 a request",
+    "redaction": "redaction CPU us per 2 KB step (clean, with @/URLs, with 4 secrets) beside encoding",
 }
 
 

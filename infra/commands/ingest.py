@@ -36,9 +36,11 @@ def run_ingest(args) -> int:
 
     from infra.cli import output
     from producers.adapters.ingest import format_summary, ingest, succeeded
+    from producers.redaction import settings_file
     from schemas.settings import Settings
 
-    config = config_from_args(IngestConfig, args)
+    found = settings_file(getattr(args, "settings_file", None), Settings.from_args(args).data_dir)
+    config = config_from_args(IngestConfig, args, settings_file=str(found) if found else None)
     if not config.dry_run:  # a dry run needs no broker, so no bootstrap setting either
         config = replace(config, bootstrap_servers=Settings.from_args(args).bootstrap_servers)
 

@@ -33,10 +33,16 @@ def run_gateway(args) -> int:
     import asyncio
 
     from producers.gateway import serve
+    from producers.redaction import settings_file
     from schemas.settings import Settings
 
+    settings = Settings.from_args(args)
+    found = settings_file(getattr(args, "settings_file", None), settings.data_dir)  # --data-dir counts too
     config = config_from_args(
-        GatewayConfig, args, bootstrap_servers=Settings.from_args(args).bootstrap_servers
+        GatewayConfig,
+        args,
+        bootstrap_servers=settings.bootstrap_servers,
+        settings_file=str(found) if found else None,
     )
     try:
         asyncio.run(serve(config, args.host, args.port, args.ready_file))
