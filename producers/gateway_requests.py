@@ -43,6 +43,10 @@ class GatewayConfig:
     max_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "request size limit (413 above)"})
     max_events: int = field(default=10_000, metadata={"help": "events per request limit (413 above)"})
     max_event_bytes: int = MAX_EVENT_BYTES
+    otlp_cursor_path: str | None = field(
+        default=None,
+        metadata={"help": "file of the OTLP step cursor (default <data dir>/gateway/otlp-cursor.sqlite)"},
+    )
     ack_timeout_s: float = field(
         default=30.0, metadata={"help": "wait this long for broker acks (503 after)"}
     )

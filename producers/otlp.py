@@ -12,14 +12,14 @@ root span ends the episode (`episode.started` / `episode.ended` are emitted when
 `total_steps`); agent and chain spans below the root carry no step. Step indexes must be contiguous
 from 0 for the rules and the assembler, and a span's index cannot be computed from the span alone, so
 `StepCursor` hands them out per trace: by start time within a request, in arrival order across
-requests, and the same index again for a span it has seen. The cursor is derived state (the events are
-on the broker before the gateway answers), bounded, and lost on restart: docs/otlp.md, "Ordering".
+requests, and the same index again for a span it has seen. The gateway keeps it on disk
+(`producers.otlp_state.DurableStepCursor`, written before the events are published), so a restart
+hands a span the index it had; docs/otlp.md, "Ordering".
 """
 
 from __future__ import annotations
 
 import base64
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from producers.otlp_state import StepCursor, TraceCursor
 from schemas.codec import encode
 from schemas.events import EpisodeEnded, EpisodeStarted, EventBase, StepRecorded
 from schemas.ids import derived_event_id
@@ -183,52 +184,6 @@ def span_json(span: Span) -> bytes:
     obj.update(traceId=span.trace_id, spanId=span.span_id, parentSpanId=span.parent_id)
     body = {"trajectory_id": span.trace_id, "resource": span.resource, "span": obj}
     return orjson.dumps(body, default=str)
-
-
-# --- step indexes ----------------------------------------------------------------------------------
-
-
-@dataclass
-class TraceCursor:
-    """What the gateway handed out for one trace: span id -> step index; the step count the episode
-    ended with (None: its root span has not arrived); the model of its lowest-index LLM step."""
-
-    indexes: dict[str, int] = field(default_factory=dict)
-    ended_with: int | None = None
-    root: str | None = None  # the span id of the root that ended the episode
-    model: tuple[int, str] | None = None
-    acked: set[int] = field(default_factory=set)  # what the broker acknowledged: step indexes, -1 / -2
-
-
-class StepCursor:
-    """Step indexes per trace, for the traces seen most recently (at most `max_traces`)."""
-
-    def __init__(self, max_traces: int = 50_000):  # ~150 bytes per step: ~150 MB for 20-step traces
-        self.max_traces = max_traces
-        self.traces: OrderedDict[str, TraceCursor] = OrderedDict()
-
-    def trace(self, trace_id: str) -> TraceCursor:
-        cursor = self.traces.pop(trace_id, None) or TraceCursor()
-        self.traces[trace_id] = cursor  # most recently used last
-        while len(self.traces) > self.max_traces:
-            self.traces.popitem(last=False)
-        return cursor
-
-    def unacknowledged(self, events: list[EventBase]) -> list[EventBase]:
-        """The events not acknowledged before (a resent batch adds nothing to the topic)."""
-        return [e for e in events if _ack_key(e) not in self.trace(e.trajectory_id).acked]
-
-    def acknowledged(self, events: list[EventBase]) -> None:
-        for event in events:
-            self.trace(event.trajectory_id).acked.add(_ack_key(event))
-
-
-def _ack_key(event: EventBase) -> int:
-    """An acknowledged event of a trace, as a small int: its step index, -1 started, -2 ended (one
-    event per slot: the cursor hands out each index once)."""
-    return (
-        event.step_index if isinstance(event, StepRecorded) else -1 if event.type == "episode.started" else -2
-    )
 
 
 # --- spans -> events -------------------------------------------------------------------------------

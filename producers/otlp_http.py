@@ -14,8 +14,9 @@ Same API keys and size limits as `/v1/events` (`--max-body-bytes` on the body af
 
 Events and dead letters go through the gateway's own `_publish` / `_send_dead_letters` (redaction
 included) once `create_app` passes them to `add_otlp_routes`; until then through this module's twins
-of the same contract. The step cursor (`producers.otlp.StepCursor`) lives in the application, one per
-gateway process.
+of the same contract. The step cursor lives in the application, one per gateway process:
+`producers.otlp_state.DurableStepCursor` on disk under the data directory, or
+`producers.otlp.StepCursor` in memory when no path is configured (benchmarks).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from producers.gateway_requests import (
     too_large,
 )
 from producers.otlp import MEDIA_TYPES, Mapped, StepCursor, map_spans, span_json, spans_of
+from producers.otlp_state import DurableStepCursor
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +52,16 @@ def add_otlp_routes(app, publish=None, send_dead_letters=None) -> None:
     `publish(request, events, request_id)` and `send_dead_letters(request, [(reason, payload)])` are
     the gateway's own `_publish` and `_send_dead_letters` (passed in by `create_app`: importing them
     here would be an import cycle); without them this module's twins of the same contract are used."""
-    app["otlp_cursor"] = StepCursor()
+    path = getattr(app["config"], "otlp_cursor_path", None)
+    app["otlp_cursor"] = DurableStepCursor(path) if path else StepCursor()  # None: in memory (benchmarks)
     app["otlp_publish"] = publish or _publish
     app["otlp_dead_letters"] = send_dead_letters or _send_dead_letters
     app.router.add_post("/v1/traces", _post_traces)
+
+    async def _close_cursor(app_) -> None:
+        getattr(app_["otlp_cursor"], "close", lambda: None)()
+
+    app.on_cleanup.append(_close_cursor)
 
 
 async def _post_traces(request):
@@ -71,6 +79,7 @@ async def _post_traces(request):
         return _json(rejected.status, {**rejected.body, "request_id": request_id}, headers)
     cursor: StepCursor = request.app["otlp_cursor"]
     mapped = map_spans(spans, cursor, config.max_event_bytes)
+    cursor.save()  # the indexes this request handed out are on disk before any event is published
     events = cursor.unacknowledged(mapped.events)
     if events:
         published = await request.app["otlp_publish"](request, events, request_id)

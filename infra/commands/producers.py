@@ -43,6 +43,7 @@ def run_gateway(args) -> int:
         args,
         bootstrap_servers=settings.bootstrap_servers,
         settings_file=str(found) if found else None,
+        otlp_cursor_path=args.otlp_cursor_path or str(settings.data_dir / "gateway" / "otlp-cursor.sqlite"),
     )
     try:
         asyncio.run(serve(config, args.host, args.port, args.ready_file))

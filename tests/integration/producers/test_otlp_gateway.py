@@ -46,6 +46,8 @@ def gateway(tmp_path_factory):
         "50",
         "--ready-file",
         str(ready),
+        "--data-dir",
+        str(root),
     ]
     proc = Proc(args, root / "gateway.log", env={"AGENTSTREAM_GATEWAY_API_KEY_HASHES": hash_key(KEY)})
 
@@ -248,8 +250,9 @@ class _Url(str):
     proc: Proc
 
 
-def _second_gateway(bootstrap: str, root) -> _Url:
-    ready = root / "gateway2.ready"
+def _second_gateway(bootstrap: str, root, name: str = "gateway2") -> _Url:
+    ready = root / f"{name}.ready"
+    ready.unlink(missing_ok=True)
     args = [
         *AGENTSTREAM,
         "gateway",
@@ -259,12 +262,46 @@ def _second_gateway(bootstrap: str, root) -> _Url:
         str(free_port()),
         "--ready-file",
         str(ready),
+        "--otlp-cursor-path",
+        str(root / f"{name}.sqlite"),
     ]
-    proc = Proc(args, root / "gateway2.log", env={"AGENTSTREAM_GATEWAY_API_KEY_HASHES": hash_key(KEY)})
+    proc = Proc(args, root / f"{name}.log", env={"AGENTSTREAM_GATEWAY_API_KEY_HASHES": hash_key(KEY)})
     address = wait_for(lambda: ready.exists() and ready.read_text(), timeout_s=30, what="a second gateway")
     url = _Url(f"http://{address}")
     url.proc = proc
     return url
+
+
+def test_a_span_keeps_its_step_index_across_a_gateway_killed_and_restarted(gateway, tmp_path):
+    """The exporter resends after a crash: two steps first, then, to a restarted gateway, every span
+    again with the root. Each step is one event at one index; the episode counts each once."""
+    _, broker = gateway
+    spans = _spans(agent_trace, "restart")
+    trace_id = hex_trace(spans)
+    # the later two steps arrive first (a batch of their own), so start order alone would renumber them
+    children = sorted((s for s in spans if s.parent is not None), key=lambda s: s.start_time)[2:]
+    first = _second_gateway(broker.bootstrap, tmp_path, "crashing")
+    try:
+        status, _, _ = post(first, encode_spans(children).SerializeToString(), "application/x-protobuf")
+        assert status == 200
+    finally:
+        first.proc.kill9()
+        first.proc.stop()
+    before = count_records(broker.bootstrap, AGENT_EVENTS)
+    again = _second_gateway(broker.bootstrap, tmp_path, "crashing")
+    try:
+        status, _, _ = post(again, encode_spans(spans).SerializeToString(), "application/x-protobuf")
+        assert status == 200
+    finally:
+        again.proc.stop()
+    events = trace_events(broker.bootstrap, trace_id, before + 2)
+    steps = {}
+    for event in (e for e in events if e["type"] == "step.recorded"):
+        steps.setdefault(event["event_id"], set()).add(event["step_index"])
+    assert len(steps) == 4 and all(len(indexes) == 1 for indexes in steps.values())
+    assert sorted(i for (i,) in steps.values()) == [0, 1, 2, 3]
+    [ended] = [e for e in events if e["type"] == "episode.ended"]
+    assert ended["total_steps"] == 4
 
 
 def test_malformed_payloads_get_400_with_a_reason_and_land_in_no_topic(gateway):
