@@ -187,9 +187,10 @@ def run(args) -> dict:
 def _start_gateway(root: Path, bootstrap: str) -> Child:
     from producers.gateway import hash_key
 
-    ready = root / "gateway.ready"
+    ready = root / "gateway.ready"  # --data-dir: its step cursor on disk under root, as in production
     args = [*AGENTSTREAM, "gateway", "--bootstrap-servers", bootstrap, "--port", "0", "--api-key-hashes",
-            hash_key(KEY), "--max-body-bytes", str(64 * 1024 * 1024), "--ready-file", str(ready)]  # fmt: skip
+            hash_key(KEY), "--max-body-bytes", str(64 * 1024 * 1024), "--ready-file", str(ready),
+            "--data-dir", str(root)]  # fmt: skip
     return Child(args, root / "gateway.log", ready)
 
 
