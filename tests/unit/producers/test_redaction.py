@@ -246,3 +246,57 @@ def test_case_insensitive_detectors_work_on_non_ascii_text():
         "Grüße, İstanbul: BEARER [REDACTED:bearer_token] and aws_secret_access_key=[REDACTED:aws_secret_key]",
         2,
     )
+
+
+# The `@` and `://` fast paths: a text whose every `@` follows a character no address or password
+# can end with is rejected before the patterns run; these are the edges of that check.
+AT_AND_URL_CASES = [
+    ("ops@example.com", "[REDACTED:email]", 1),  # the whole text
+    ("ops@example.com wrote", "[REDACTED:email] wrote", 1),  # at the very start
+    ("mail ops@example.com", "mail [REDACTED:email]", 1),  # at the very end
+    ("a@x.io, b.c@y.io;d+e@z.co.uk", "[REDACTED:email], [REDACTED:email];[REDACTED:email]", 3),
+    (
+        "postgres://admin:p@ss@db.internal:5432/app",  # an `@` inside the password
+        "postgres://admin:[REDACTED:url_password]@[REDACTED:email]:5432/app",
+        2,
+    ),
+    (
+        "https://user:pw@host.example.com/x ops@example.com",
+        "https://user:[REDACTED:url_password]@host.example.com/x [REDACTED:email]",
+        2,
+    ),
+    ("key sk-short and ops@example.com", "key sk-short and [REDACTED:email]", 1),  # another trigger first
+    ("@pytest.fixture\n@app.route('/x')\ndef f():\n    return 'https://docs.example.org/api'", None, 0),
+    ("me@host then https://example.com/p", None, 0),
+    ("@", None, 0),
+    ("://@", None, 0),
+]
+
+
+@pytest.mark.parametrize(("text", "expected", "count"), AT_AND_URL_CASES)
+def test_at_signs_and_urls_at_the_edges(text, expected, count):
+    assert Redactor.default().redact_text(text) == (text if expected is None else expected, count)
+
+
+def test_a_step_of_decorators_and_urls_with_nothing_to_redact_is_the_same_object():
+    code = "@pytest.fixture\ndef client():\n    return Client('http://127.0.0.1:8080/v1')  # https://x.org\n"
+    step = _step(thought="@ the start", params={"cmd": "cat conftest.py"}, observation=code * 20)
+    assert Redactor.default().redact_event(step) is step
+
+
+def test_an_address_in_one_field_is_found_when_another_field_has_decorators():
+    step = _step(thought="@decorator", observation="@app.route('/')\nmail ops@example.com")
+    out = Redactor.default().redact_event(step)
+    assert (out.thought, out.observation, out.redactions) == (
+        "@decorator",
+        "@app.route('/')\nmail [REDACTED:email]",
+        1,
+    )
+
+
+def test_rare_character_triggers_still_find_their_secrets():
+    text = f"{JWT} AIzaSyA-1234567890abcdefghijklmnopqrstu xoxb-1234567890-abcdefGHIJ"
+    assert Redactor.default().redact_text(text) == (
+        "[REDACTED:jwt] [REDACTED:google_api_key] [REDACTED:slack_token]",
+        3,
+    )
