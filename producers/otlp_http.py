@@ -13,8 +13,8 @@ Same API keys and size limits as `/v1/events` (`--max-body-bytes` on the body af
 - 503 when the broker did not acknowledge (the body of `/v1/events`' 503; OTLP exporters retry it).
 
 Events and dead letters go through the gateway's own `_publish` / `_send_dead_letters` (redaction
-included) once `create_app` passes them to `add_otlp_routes`; until then through this module's twins
-of the same contract. The step cursor lives in the application, one per gateway process:
+included), which `create_app` passes to `add_otlp_routes` (the gateway imports this module, so this
+module cannot import them). The step cursor lives in the application, one per gateway process:
 `producers.otlp_state.DurableStepCursor` on disk under the data directory, or
 `producers.otlp.StepCursor` in memory when no path is configured (benchmarks).
 """
@@ -30,7 +30,6 @@ import orjson
 
 from producers.errors import RequestRejected
 from producers.gateway_requests import (
-    STAGE,
     GatewayConfig,
     field_error,
     key_allowed,
@@ -46,16 +45,16 @@ ENCODINGS = ("gzip", "identity", "")
 _IDS = ("traceId", "spanId", "parentSpanId")
 
 
-def add_otlp_routes(app, publish=None, send_dead_letters=None) -> None:
+def add_otlp_routes(app, publish, send_dead_letters) -> None:
     """Add `POST /v1/traces` to the gateway's aiohttp application.
 
     `publish(request, events, request_id)` and `send_dead_letters(request, [(reason, payload)])` are
     the gateway's own `_publish` and `_send_dead_letters` (passed in by `create_app`: importing them
-    here would be an import cycle); without them this module's twins of the same contract are used."""
+    here would be an import cycle)."""
     path = getattr(app["config"], "otlp_cursor_path", None)
     app["otlp_cursor"] = DurableStepCursor(path) if path else StepCursor()  # None: in memory (benchmarks)
-    app["otlp_publish"] = publish or _publish
-    app["otlp_dead_letters"] = send_dead_letters or _send_dead_letters
+    app["otlp_publish"] = publish
+    app["otlp_dead_letters"] = send_dead_letters
     app.router.add_post("/v1/traces", _post_traces)
 
     async def _close_cursor(app_) -> None:
@@ -211,8 +210,7 @@ async def _dead_letter_spans(request, mapped: Mapped, request_id: str) -> bool:
     return await request.app["otlp_dead_letters"](request, payloads)
 
 
-# --- twins of producers.gateway's _json, _publish and _send_dead_letters (same contract), used until
-# create_app passes its own: the gateway imports this module, so this module cannot import it.
+# --- responses ---
 
 
 def _json(status: int, body: dict, headers: dict | None = None):
@@ -221,56 +219,6 @@ def _json(status: int, body: dict, headers: dict | None = None):
     return web.Response(
         status=status, body=orjson.dumps(body), content_type="application/json", headers=headers
     )
-
-
-async def _publish(request, events: list, request_id: str):
-    """Send `events` (redacted when the application has a redactor); 202 once all are acknowledged,
-    else the gateway's 503 body naming the acknowledged and unacknowledged event ids."""
-    from schemas.codec import encode, encode_key
-    from schemas.topics import topic_for
-
-    redactor = request.app.get("redactor")
-    sent = [redactor.redact_event(e) for e in events] if redactor is not None else events
-    results = await _send(request, [(topic_for(e.type), encode_key(e), encode(e)) for e in sent], request_id)
-    failed = [e.event_id for e, r in zip(events, results, strict=True) if r is not None]
-    if failed:
-        acked = [e.event_id for e, r in zip(events, results, strict=True) if r is None]
-        reason = next(repr(r) for r in results if r is not None)
-        log.warning(
-            "gateway request %s: %d of %d events not acknowledged: %s",
-            request_id,
-            len(failed),
-            len(events),
-            reason,
-        )
-        message = f"{reason}; resend the request: event ids make the resend idempotent downstream"
-        body = {"error": "broker did not acknowledge", "accepted": 0, "partial": bool(acked),
-                "acknowledged_event_ids": acked, "unacknowledged_event_ids": failed, "message": message,
-                "request_id": request_id}  # fmt: skip
-        return _json(503, body, {"Retry-After": "1"})
-    return _json(
-        202, {"accepted": len(events), "event_ids": [e.event_id for e in events], "request_id": request_id}
-    )
-
-
-async def _send_dead_letters(request, payloads: list[tuple[str, bytes]]) -> bool:
-    from schemas.codec import encode, encode_key
-    from schemas.deadletter import dead_letter
-    from schemas.topics import DLQ
-
-    letters = [dead_letter(STAGE, reason, payload, error_type="DecodeError") for reason, payload in payloads]
-    redactor = request.app.get("redactor")
-    letters = [redactor.redact_event(d) for d in letters] if redactor is not None else letters
-    results = await _send(request, [(DLQ, encode_key(d), encode(d)) for d in letters], "dead letters")
-    return all(r is None for r in results)
-
-
-async def _send(request, records: list, what: str) -> list:
-    try:
-        return await request.app["publisher"].send_all(records)
-    except Exception as exc:
-        log.warning("gateway %s: broker unavailable: %s", what, exc)
-        return [exc] * len(records)
 
 
 def _answer(media: str, mapped: Mapped):
