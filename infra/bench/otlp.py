@@ -115,33 +115,12 @@ def bodies(requests: int, spans_per_request: int, fmt: str, seed: int) -> list[b
 
 async def load(url: str, payloads: list[bytes], fmt: str, concurrency: int) -> dict:
     """Post every payload with `concurrency` in flight; rate = spans / wall time."""
-    import asyncio
-
-    import aiohttp
+    from infra.bench.produce import post_all
 
     content_type, gzipped = FORMATS[fmt]
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": content_type}
     headers |= {"Content-Encoding": "gzip"} if gzipped else {}
-    latencies: list[float] = []
-    queue: asyncio.Queue = asyncio.Queue()
-    for body in payloads:
-        queue.put_nowait(body)
-
-    async def worker(session) -> None:
-        while not queue.empty():
-            body = queue.get_nowait()
-            started = time.perf_counter()
-            async with session.post(url, data=body, headers=headers) as response:
-                answer = await response.read()
-                if response.status != (202 if fmt == "events" else 200):
-                    raise RuntimeError(f"gateway answered {response.status}: {answer[:300]!r}")
-            latencies.append(time.perf_counter() - started)
-
-    async with aiohttp.ClientSession() as session:
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-        elapsed = time.perf_counter() - start
-    return {"elapsed_s": elapsed, "latencies": latencies}
+    return await post_all(url, payloads, headers, 202 if fmt == "events" else 200, concurrency)
 
 
 def run(args) -> dict:

@@ -115,13 +115,13 @@ def gateway_batch(n: int) -> bytes:
     return orjson.dumps(events)
 
 
-async def gateway_load(url: str, key: str, requests: int, per_request: int, concurrency: int) -> dict:
+async def post_all(url: str, bodies: list[bytes], headers: dict, ok_status: int, concurrency: int) -> dict:
+    """POST every body with `concurrency` in flight; `elapsed_s` (wall time) and each request's latency.
+    A warm-up is the caller's (one request before this)."""
     import asyncio
 
     import aiohttp
 
-    bodies = [gateway_batch(per_request) for _ in range(requests)]
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     latencies: list[float] = []
     queue: asyncio.Queue = asyncio.Queue()
     for body in bodies:
@@ -132,18 +132,30 @@ async def gateway_load(url: str, key: str, requests: int, per_request: int, conc
             body = queue.get_nowait()
             started = time.perf_counter()
             async with session.post(url, data=body, headers=headers) as response:
-                await response.read()
-                if response.status != 202:
-                    raise RuntimeError(f"gateway answered {response.status}: {(await response.text())[:300]}")
+                answer = await response.read()
+                if response.status != ok_status:
+                    raise RuntimeError(f"gateway answered {response.status}: {answer[:300]!r}")
             latencies.append(time.perf_counter() - started)
 
     async with aiohttp.ClientSession() as session:
-        async with session.post(url, data=gateway_batch(1), headers=headers) as warmup:
-            await warmup.read()
         start = time.perf_counter()
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
-    return {"rate": requests * per_request / elapsed, "latencies": latencies}
+    return {"elapsed_s": elapsed, "latencies": latencies}
+
+
+async def gateway_load(url: str, key: str, requests: int, per_request: int, concurrency: int) -> dict:
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=gateway_batch(1), headers=headers) as warmup,
+    ):
+        await warmup.read()
+    bodies = [gateway_batch(per_request) for _ in range(requests)]
+    result = await post_all(url, bodies, headers, 202, concurrency)
+    return {"rate": requests * per_request / result["elapsed_s"], "latencies": result["latencies"]}
 
 
 # --- the benchmark ---------------------------------------------------------------------------------
