@@ -79,7 +79,13 @@ class WorkerConfig:
     timer_interval_s: float = 1.0
     session_timeout_s: float = 10.0  # a killed worker's partitions move on after this long
     partitions: int = TOPICS[AGENT_EVENTS].partitions  # of the source topics = of the state tables
-    app_prefix: str = "agentstream"
+    app_prefix: str = field(
+        default="agentstream",
+        metadata={
+            "help": "prefix of each role's app id = consumer group and state topics (`<prefix>-<role>`); "
+            "`agentstream replay` runs roles under a fresh one"
+        },
+    )
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):

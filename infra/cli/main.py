@@ -30,6 +30,7 @@ from infra.commands import (
     mcp,
     policy,
     producers,
+    replay,
     rollout,
     schema,
     sink,
@@ -58,6 +59,7 @@ COMMAND_MODULES = (
     console,
     mcp,
     export,
+    replay,
 )
 
 # Client libraries that narrate every connection at INFO; they speak up at WARNING unless asked (DEBUG).

@@ -1,0 +1,123 @@
+"""`agentstream replay` on real components (issue #17): rule rewards recomputed from `agent.events`
+by a separate consumer group, the sink writing them into chDB.
+
+- under the live version: every derived row in ClickHouse is reproduced exactly (the tables,
+  compared whole, are the same before and after; the topic holds the same events twice);
+- under a new version: rows with that version are added, the old ones stay, both queryable;
+- `--since` reads only records at or after the time; unknown and not-yet-replayable roles are errors.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+from datetime import UTC, datetime
+
+import orjson
+import pytest
+
+from clients.kafka import ensure_topics, read_to_end
+from schemas.topics import REWARD_RULE
+from tests.support.processes import AGENTSTREAM, wait_for
+from tests.support.sink_harness import group_caught_up, publish, reader, rows, scalar, snapshot, start_sink
+from tests.support.streams_helpers import make_trajectory
+
+pytestmark = pytest.mark.integration
+
+TRAJECTORIES, STEPS = 12, 5
+
+
+def _replay(bootstrap: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            *AGENTSTREAM,
+            "replay",
+            "--bootstrap-servers",
+            bootstrap,
+            "--data-dir",
+            str(tmp_path / "data"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def _rule_events(bootstrap: str) -> list[dict]:
+    return [orjson.loads(r.value) for r in read_to_end(bootstrap, [REWARD_RULE])]
+
+
+def _without_offsets(tables: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
+    """The snapshot less `events.offset`: the raw-event log says where the row was last read from,
+    which for a replayed event is its newer copy (id, type, content and partition are the same)."""
+    offset = 8  # event_id, type, schema_version, trajectory_id, occurred_at, producer, topic, partition
+    return {**tables, "events": [row[:offset] + row[offset + 1 :] for row in tables["events"]]}
+
+
+def _publish_trajectories(bootstrap: str, prefix: str) -> None:
+    ensure_topics(bootstrap)  # every source topic with the same partitions, as `agentstream up` makes them
+    rng = random.Random(7)
+    events = [e for i in range(TRAJECTORIES) for e in make_trajectory(f"{prefix}{i}", STEPS, rng)]
+    publish(bootstrap, events)
+
+
+def test_replay_reproduces_the_rule_rows_and_a_new_version_adds_its_own(broker, clickhouse_url, tmp_path):
+    _publish_trajectories(broker.bootstrap, "r")
+    first = _replay(broker.bootstrap, tmp_path, "--roles", "rules", "--reward-version", "rules-1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert f"{TRAJECTORIES * (STEPS + 2):,} records" in first.stdout  # the plan counts what it reads
+    assert "lag 0" in first.stderr  # the progress reports the end
+    live = _rule_events(broker.bootstrap)
+    assert len(live) == TRAJECTORIES * STEPS and {e["reward_version"] for e in live} == {"rules-1"}
+
+    sink = start_sink(broker.bootstrap, clickhouse_url, tmp_path / "sink")
+    try:
+        client = reader(clickhouse_url)
+        count = "SELECT count() FROM agentstream.rule_rewards FINAL"
+        wait_for(lambda: scalar(client, count) == TRAJECTORIES * STEPS, what="the live rule rewards")
+        before = snapshot(client)
+
+        again = _replay(broker.bootstrap, tmp_path, "--reward-version", "rules-1", "--from-beginning")
+        assert again.returncode == 0, again.stderr[-3000:]
+        replayed = _rule_events(broker.bootstrap)
+        assert len(replayed) == 2 * len(live)  # published again ...
+        assert {orjson.dumps(e) for e in replayed} == {orjson.dumps(e) for e in live}  # ... identical
+        wait_for(lambda: group_caught_up(broker.bootstrap), what="the sink to read the replay")
+        assert _without_offsets(snapshot(client)) == _without_offsets(before)  # every row the same
+
+        new = _replay(broker.bootstrap, tmp_path, "--reward-version", "rules-2")
+        assert new.returncode == 0, new.stderr[-3000:]
+        wait_for(lambda: scalar(client, count) == 2 * TRAJECTORIES * STEPS, what="the rules-2 rows")
+        by_version = rows(
+            client,
+            "SELECT reward_version, count(), round(avg(score), 6) FROM agentstream.rule_rewards FINAL "
+            "GROUP BY reward_version ORDER BY reward_version",
+        )
+        assert [(v, n) for v, n, _ in by_version] == [("rules-1", 60), ("rules-2", 60)]
+        assert by_version[0][2] == by_version[1][2]  # same logic, new label: the same scores
+        after = snapshot(client)["rule_rewards"]
+        assert [r for r in after if "rules-1" in r] == before["rule_rewards"]  # the old rows, unchanged
+    finally:
+        sink.proc.stop()
+
+
+def test_replay_since_reads_only_later_records(broker, tmp_path):
+    _publish_trajectories(broker.bootstrap, "early")
+    cut = datetime.now(UTC)
+    _publish_trajectories(broker.bootstrap, "late")
+    done = _replay(broker.bootstrap, tmp_path, "--reward-version", "rules-9", "--since", cut.isoformat())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{TRAJECTORIES * (STEPS + 2):,} records" in done.stdout  # the late half's events only
+    scored = {e["trajectory_id"] for e in _rule_events(broker.bootstrap)}
+    assert scored == {f"late{i}" for i in range(TRAJECTORIES)}
+
+
+@pytest.mark.parametrize(
+    ("roles", "message"),
+    [("assembler", "replaying 'assembler' is not supported yet"), ("nope", "unknown role 'nope'")],
+)
+def test_replay_refuses_roles_it_cannot_replay(broker, tmp_path, roles, message):
+    done = _replay(broker.bootstrap, tmp_path, "--roles", roles, "--reward-version", "v2")
+    assert done.returncode != 0
+    assert message in done.stderr and "Traceback" not in done.stderr
