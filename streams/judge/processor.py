@@ -9,8 +9,12 @@ of JSON-able dicts, a faust table in the worker (changelog-backed) or a plain di
 - `groups[group_id]`: the ended members of a group-mode group until the group is judged.
 
 Per batch of records it updates the state in order, collects the calls to make, runs them all at
-once (the client's semaphore bounds concurrency), and returns the events. It never invents a
-score: a call that fails, is over budget or cannot be parsed gives `reward.judge.failed`.
+once (the client's semaphore bounds concurrency; cache, budget and settlement in
+streams/judge/calls.py), and returns the events. It never invents a score: a call that fails, is
+over budget or cannot be parsed gives `reward.judge.failed`. A request the budget refused is
+parked in the state record it came from and run again once its window reopens
+(streams/judge/retry.py), by the timer that runs `flush_stale_steps`; its scores then follow the
+`budget_paused` events and replace them.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, MutableMapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 import orjson
@@ -30,14 +33,15 @@ from schemas.events import EpisodeEnded, EpisodeStarted, EventBase, StepRecorded
 from schemas.records import Record
 from streams.batch import BatchResult, letter_for
 from streams.judge.budget import SpendBudget
-from streams.judge.cache import ReplyCache, content_key
-from streams.judge.client import JudgeCallError, JudgeClient
+from streams.judge.cache import ReplyCache
+from streams.judge.calls import JudgeCalls, JudgeStats, Outcome
+from streams.judge.client import JudgeClient
 from streams.judge.config import JudgeConfig
-from streams.judge.parse import ParseError
-from streams.judge.pricing import call_cost
+from streams.judge.pricing import require_prices
 from streams.judge.prompt import group_prompt, step_prompt, trajectory_prompt
+from streams.judge.retry import has_parked, keys_with_parked, park, parked_at, request_from, take_due
 from streams.judge.rubrics import RubricCatalog
-from streams.judge.scoring import CallMeta, JudgeRequest, Target, failure_events, reply_events
+from streams.judge.scoring import JudgeRequest, Target
 from streams.judge.selection import JudgeRule, JudgeRules
 from streams.judge.state import (
     StagedState,
@@ -54,18 +58,8 @@ from streams.judge.state import (
 log = logging.getLogger(__name__)
 
 NAME = "judge"
-EXPECTED_OUTPUT_TOKENS = 120  # per target, for the budget reservation only
 
-
-@dataclass
-class JudgeStats:
-    calls: int = 0
-    cache_hits: int = 0
-    scored: int = 0
-    failed: int = 0
-    budget_paused: int = 0
-    cost_usd: float = 0.0
-    overhead_s: float = 0.0  # time spent in the processor itself around calls (not awaiting the model)
+__all__ = ["JudgeProcessor", "JudgeStats"]
 
 
 class JudgeProcessor:
@@ -81,12 +75,11 @@ class JudgeProcessor:
         now: Callable[[], datetime] = utc_now,
         wall: Callable[[], float] = time.time,
     ):
+        require_prices(config, [m for m in (getattr(r, "model", None) for r in rules.rules) if m])
         self.config = config
         self.rules = rules
         self.catalog = catalog
         self.client = client
-        self.budget = budget or SpendBudget(config.budget_usd_per_hour, config.budget_usd_per_day)
-        self.cache = cache or ReplyCache(config.cache_entries)
         self.now = now
         self.wall = wall
         # Writes are staged until the caller has published the outputs (see `bind`); with
@@ -95,10 +88,25 @@ class JudgeProcessor:
         self.groups = StagedState()
         self.autocommit = True
         self.stats = JudgeStats()
-        self._inflight: dict[str, asyncio.Future] = {}
+        self.calls = JudgeCalls(
+            config,
+            client,
+            budget or SpendBudget(config.budget_usd_per_hour, config.budget_usd_per_day),
+            cache or ReplyCache(config.cache_entries),
+            self.stats,
+            lambda: self.now(),
+        )
         # step mode: trajectories with a part-filled batch -> when its first step arrived (memory
         # only: after a restart such a batch waits for the next step or the episode's end)
         self.pending_since: dict[str, float] = {}
+
+    @property
+    def budget(self):
+        return self.calls.budget
+
+    @property
+    def cache(self):
+        return self.calls.cache
 
     @classmethod
     def from_config(cls, config: JudgeConfig, **kw) -> JudgeProcessor:
@@ -149,9 +157,20 @@ class JudgeProcessor:
         return await self._transaction(self._process_group_records(records))
 
     async def flush_stale_steps(self) -> BatchResult:
-        """Step mode: judge part-filled batches that have waited `step_wait_s` (a slow agent's steps
-        should not wait for the episode to end)."""
-        return await self._transaction(self._flush_stale_steps())
+        """The role's timer: step mode, judge part-filled batches that have waited `step_wait_s` (a
+        slow agent's steps should not wait for the episode to end); and run the budget-paused
+        requests whose window has reopened (`retry_paused`)."""
+
+        async def both() -> BatchResult:
+            result = await self._flush_stale_steps()
+            result.outputs.extend((await self._retry_paused()).outputs)
+            return result
+
+        return await self._transaction(both())
+
+    async def retry_paused(self) -> BatchResult:
+        """Run the parked (budget-paused) requests whose `retry_at` has passed."""
+        return await self._transaction(self._retry_paused())
 
     async def flush_quiet_groups(self) -> BatchResult:
         """Judge groups whose expected size is unknown or unreached after `group_wait_s` of quiet."""
@@ -167,7 +186,8 @@ class JudgeProcessor:
         for mapping in (self.state, self.groups):
             for key in list(mapping.keys()):
                 value = mapping.get(key)
-                if value and value.get("done") and value.get("done_at", cutoff) < cutoff:
+                old = value and value.get("done") and value.get("done_at", cutoff) < cutoff
+                if old and not has_parked(value):  # a parked request keeps its record
                     del mapping[key]
         return BatchResult()
 
@@ -208,6 +228,18 @@ class JudgeProcessor:
             if rule is not None and rec.get("pending"):
                 requests += self._drain(tid, rec, rule, final=True)
                 self.state[tid] = rec
+        return BatchResult(outputs=await self.run_requests(requests))
+
+    async def _retry_paused(self) -> BatchResult:
+        now, requests = self.budget.clock(), []
+        for mapping in (self.state, self.groups):
+            for key in list(keys_with_parked(mapping)):
+                rec = mapping.get(key)
+                due = take_due(rec, now) if rec else []
+                if due:
+                    mapping[key] = rec
+                    requests += [request_from(entry["request"]) for entry in due]
+        self.stats.retried += len(requests)
         return BatchResult(outputs=await self.run_requests(requests))
 
     async def _flush_quiet_groups(self) -> BatchResult:
@@ -394,79 +426,24 @@ class JudgeProcessor:
     async def run_requests(self, requests: Sequence[JudgeRequest]) -> list[EventBase]:
         if not requests:
             return []
-        batches = await asyncio.gather(*(self._run(r) for r in requests))
-        events = [e for batch in batches for e in batch]
+        await self.calls.open()
+        outcomes = await asyncio.gather(*(self.calls.run(r) for r in requests))
+        for request, outcome in zip(requests, outcomes, strict=True):
+            if outcome.paused_until is not None:
+                self._park(request, outcome)
+        events = [e for outcome in outcomes for e in outcome.events]
         failed = [e for e in events if e.type == "reward.judge.failed"]
         self.stats.failed += len(failed)
         self.stats.scored += len(events) - len(failed)
         _log_failures(failed)
         return events
 
-    async def _run(self, request: JudgeRequest) -> list[EventBase]:
-        key = content_key(
-            request.prompt.version, self.config.model, request.prompt.system, request.prompt.user
-        )
-        text = await self._cached_text(key)
-        if text is not None:
-            self.stats.cache_hits += 1
-            meta = CallMeta(self.config.model, request.prompt.version, cached=True)
-            return reply_events(request, text, meta, self.now())
-        future = asyncio.get_running_loop().create_future()
-        self._inflight[key] = future
-        try:
-            events, usable_text = await self._call(request)
-            if usable_text is not None:
-                self.cache.put(key, usable_text)
-        finally:
-            self._inflight.pop(key, None)
-            future.set_result(None)  # waiters on the same content read the cache now
-        return events
-
-    async def _cached_text(self, key: str) -> str | None:
-        text = self.cache.get(key)
-        if text is None and key in self._inflight:
-            await asyncio.shield(self._inflight[key])
-            text = self.cache.get(key)
-        return text
-
-    async def _call(self, request: JudgeRequest) -> tuple[list[EventBase], str | None]:
-        estimate = self._estimate(request)
-        retry_at = self.budget.reserve(estimate)
-        if retry_at is not None:
-            self.stats.budget_paused += 1
-            reason = f"judge spend budget reached; paused until {retry_at.isoformat()}"
-            return failure_events(request, reason, "budget_paused", self.now(), retry_at=retry_at), None
-        self.stats.calls += 1
-        try:
-            result = await self.client.complete(request.prompt)
-        except JudgeCallError as exc:
-            self.budget.settle(estimate, 0.0)
-            return failure_events(request, exc.reason, exc.kind, self.now(), attempts=exc.attempts), None
-        cost = call_cost(
-            self.config, result.model or self.config.model, result.input_tokens, result.output_tokens
-        )
-        self.budget.settle(estimate, cost)
-        self.stats.cost_usd += cost
-        meta = CallMeta(
-            result.model or self.config.model,
-            request.prompt.version,
-            result.input_tokens,
-            result.output_tokens,
-            cost,
-            result.latency_ms,
-        )
-        try:
-            events = reply_events(request, result.text, meta, self.now())
-        except ParseError as exc:
-            return failure_events(request, str(exc), "parse", self.now(), result.attempts, meta=meta), None
-        usable = any(e.type != "reward.judge.failed" for e in events)
-        return events, (result.text if usable else None)
-
-    def _estimate(self, request: JudgeRequest) -> float:
-        chars = len(request.prompt.system) + len(request.prompt.user)
-        return call_cost(
-            self.config, self.config.model, chars // 4, EXPECTED_OUTPUT_TOKENS * len(request.targets)
-        )
+    def _park(self, request: JudgeRequest, outcome: Outcome) -> None:
+        table, key = parked_at(request)
+        mapping = self.groups if table == "groups" else self.state
+        rec = mapping.get(key) or new_record()
+        park(rec, request, outcome.paused_until)
+        mapping[key] = rec
 
 
 # --- helpers --------------------------------------------------------------------------------------

@@ -165,19 +165,21 @@ def test_permanent_failure_gives_failed_events_an_open_circuit_and_processing_co
 
 
 def test_budget_pauses_at_the_cap_and_resumes_next_window_and_cache_hits_cost_nothing(server):
+    """A call is made only when its estimate (an upper bound: max_tokens of output) still fits the
+    hour's cap; the reservation is settled at the real cost."""
     clock = [T0 + timedelta(minutes=10)]
     rules = JudgeRules(rules=[JudgeRule(mode="step")])
-    config = JudgeConfig(api_key="k", base_url=server.url, budget_usd_per_hour=0.0001)
+    config = JudgeConfig(api_key="k", base_url=server.url, budget_usd_per_hour=0.007, max_tokens=256)
     from streams.judge.client import JudgeClient
 
-    budget = SpendBudget(0.0001, None, clock=lambda: clock[0])
+    budget = SpendBudget(0.007, None, clock=lambda: clock[0])
     processor = JudgeProcessor(
         config, rules, RubricCatalog(), JudgeClient(config), budget=budget, now=lambda: clock[0]
     )
 
     async def go():
         out = []
-        out += (await processor.process_events(trajectory("b1", n=1))).outputs  # paid: reaches the cap
+        out += (await processor.process_events(trajectory("b1", n=1))).outputs  # paid
         out += (await processor.process_events(trajectory("b2", n=1, task="another task"))).outputs
         out += (await processor.process_events(trajectory("b1-copy", n=1))).outputs  # same content as b1
         clock[0] = T0 + timedelta(hours=1, seconds=1)
@@ -186,13 +188,14 @@ def test_budget_pauses_at_the_cap_and_resumes_next_window_and_cache_hits_cost_no
         return out
 
     first, paused, cached, resumed = asyncio.run(go())
-    assert first.type == "reward.judge.step" and first.cost_usd >= 0.0001
+    assert first.type == "reward.judge.step" and 0 < first.cost_usd < 0.007
     assert paused.type == "reward.judge.failed" and paused.kind == "budget_paused"
     assert paused.retry_at == T0 + timedelta(hours=1)
     assert cached.type == "reward.judge.step" and cached.cached and cached.cost_usd == 0
     assert cached.scores == first.scores and cached.input_tokens == 0
     assert resumed.type == "reward.judge.step" and resumed.cost_usd > 0
     assert len(server.requests) == 2  # b1 and b3; b2 paused, b1-copy from the cache
+    assert budget.spent()["hour"] == pytest.approx(resumed.cost_usd)  # settled at the real cost
 
 
 def test_group_mode_one_call_per_group_every_trajectory_scored(server):
