@@ -9,12 +9,12 @@ No I/O: `producers.otlp_http` is the HTTP shell that publishes what this returns
 The mapping in one paragraph: a trace is an episode (trajectory id = the hex trace id); LLM and tool
 spans are steps (event id from trace + span id, so the same span twice is one event); the trace's
 root span ends the episode (`episode.started` / `episode.ended` are emitted when it arrives, with
-`total_steps`); agent and chain spans below the root carry no step. Step indexes must be contiguous
-from 0 for the rules and the assembler, and a span's index cannot be computed from the span alone, so
-`StepCursor` hands them out per trace: by start time within a request, in arrival order across
-requests, and the same index again for a span it has seen. The gateway keeps it on disk
-(`producers.otlp_state.DurableStepCursor`, written before the events are published), so a restart
-hands a span the index it had; docs/otlp.md, "Ordering".
+`total_steps`; a step span after it ends the episode again, longer); agent and chain spans below the
+root carry no step. Step indexes must be contiguous from 0 for the rules and the assembler, and a
+span's index cannot be computed from the span alone, so `StepCursor` hands them out per trace: by
+start time within a request, in arrival order across requests, and the same index again for a span
+it has seen. The gateway keeps it on disk (`producers.otlp_state.DurableStepCursor`, written before
+the events are published), so a restart hands a span the index it had; docs/otlp.md, "Ordering".
 """
 
 from __future__ import annotations
@@ -243,13 +243,19 @@ def _map_trace(spans: list[Span], trace: TraceCursor, mapped: Mapped, max_bytes:
             mapped.structural += 1
     if root is not None:
         if trace.ended_with is None:
-            trace.ended_with, trace.root = len(trace.indexes), root.span_id
+            trace.root = root.span_id
+        trace.ended_with = len(trace.indexes)
         try:
             events = episode_events(root, trace)
         except ValidationError as exc:
             mapped.unmappable.append((root, _validation_reason(exc)))
             return
+        if trace.first_end is None:
+            trace.first_end = events[1].model_dump(mode="json")
         mapped.events += events
+    elif trace.first_end is not None and len(trace.indexes) > (trace.ended_with or 0):
+        trace.ended_with = len(trace.indexes)  # steps after the root: the episode ends again, longer
+        mapped.events.append(ended_again(trace))
 
 
 def _root(spans: list[Span], trace: TraceCursor, mapped: Mapped) -> Span | None:
@@ -270,10 +276,6 @@ def _root(spans: list[Span], trace: TraceCursor, mapped: Mapped) -> Span | None:
 def _step(span: Span, trace: TraceCursor, mapped: Mapped, max_bytes: int) -> None:
     """The span's step; its index is taken only once the event is valid (no holes in the indexes)."""
     index = trace.indexes.get(span.span_id)
-    if index is None and trace.ended_with is not None:
-        reason = f"arrived after its episode ended with {trace.ended_with} steps (the root span came earlier)"
-        mapped.unmappable.append((span, reason))
-        return
     try:
         event = step_event(span, len(trace.indexes) if index is None else index)
     except ValidationError as exc:
@@ -403,7 +405,7 @@ def episode_events(root: Span, trace: TraceCursor) -> list[EventBase]:
     success = a.get("agentstream.success")
     score = a.get("agentstream.score")
     ended = EpisodeEnded(
-        event_id=derived_event_id("episode.ended", "otlp", root.trace_id),
+        event_id=ended_event_id(root.trace_id, trace),
         trajectory_id=root.trace_id,
         occurred_at=_time(root.end_ns),
         producer=PRODUCER,
@@ -414,6 +416,22 @@ def episode_events(root: Span, trace: TraceCursor) -> list[EventBase]:
         outcome_source="agentstream.success" if isinstance(success, bool) else "otlp.status",
     )
     return [started, ended]
+
+
+def ended_event_id(trace_id: str, trace: TraceCursor) -> str:
+    """The first end of an episode keeps the id it always had; a later, longer one (steps that
+    came after the root span) is another event, named by its step count."""
+    first = trace.first_end
+    if first is None or first.get("total_steps") == trace.ended_with:
+        return derived_event_id("episode.ended", "otlp", trace_id)
+    return derived_event_id("episode.ended", "otlp", trace_id, str(trace.ended_with))
+
+
+def ended_again(trace: TraceCursor) -> EpisodeEnded:
+    """The episode's end repeated with the cursor's (larger) step count: steps arrived after it."""
+    first = trace.first_end or {}
+    event_id = ended_event_id(str(first.get("trajectory_id")), trace)
+    return EpisodeEnded.model_validate({**first, "event_id": event_id, "total_steps": trace.ended_with})
 
 
 def _task(a: dict[str, Any]) -> str:

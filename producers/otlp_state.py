@@ -34,13 +34,16 @@ KEEP_S = 7 * 24 * 3600.0
 @dataclass
 class TraceCursor:
     """What the gateway handed out for one trace: span id -> step index; the step count the episode
-    ended with (None: its root span has not arrived); the model of its lowest-index LLM step."""
+    ended with (None: its root span has not arrived; it grows when a step span comes after the root);
+    the model of its lowest-index LLM step; the first `episode.ended` (JSON), which a late step's
+    new `episode.ended` repeats with the larger count."""
 
     indexes: dict[str, int] = field(default_factory=dict)
     ended_with: int | None = None
     root: str | None = None  # the span id of the root that ended the episode
     model: tuple[int, str] | None = None
-    acked: set[int] = field(default_factory=set)  # what the broker acknowledged: step indexes, -1 / -2
+    acked: set[int] = field(default_factory=set)  # what the broker acknowledged: see `_ack_key`
+    first_end: dict | None = None
 
 
 class StepCursor:
@@ -77,11 +80,14 @@ class StepCursor:
 
 
 def _ack_key(event: EventBase) -> int:
-    """An acknowledged event of a trace, as a small int: its step index, -1 started, -2 ended (one
-    event per slot: the cursor hands out each index once)."""
-    return (
-        event.step_index if isinstance(event, StepRecorded) else -1 if event.type == "episode.started" else -2
-    )
+    """An acknowledged event of a trace, as a small int: its step index, -1 started, -2 - N the
+    episode's end with N steps (one event per slot: the cursor hands out each index once, and an
+    episode ends once per step count)."""
+    if isinstance(event, StepRecorded):
+        return event.step_index
+    if event.type == "episode.started":
+        return -1
+    return -2 - (getattr(event, "total_steps", None) or 0)
 
 
 class DurableStepCursor(StepCursor):
@@ -118,13 +124,14 @@ class DurableStepCursor(StepCursor):
 def cursor_state(trace: TraceCursor) -> bytes:
     """A trace's cursor as JSON (what a durable cursor stores).
 
-    >>> t = TraceCursor({"ab": 0}, 1, "cd", (0, "m"), {0, -1})
+    >>> t = TraceCursor({"ab": 0}, 1, "cd", (0, "m"), {0, -1}, {"total_steps": 1})
     >>> trace_cursor(cursor_state(t)) == t
     True
     """
     return orjson.dumps(
         {"indexes": trace.indexes, "ended_with": trace.ended_with, "root": trace.root,
-         "model": list(trace.model) if trace.model else None, "acked": sorted(trace.acked)}
+         "model": list(trace.model) if trace.model else None, "acked": sorted(trace.acked),
+         "first_end": trace.first_end}
     )  # fmt: skip
 
 
@@ -135,4 +142,5 @@ def trace_cursor(state: bytes | str) -> TraceCursor:
     return TraceCursor(
         dict(data["indexes"]), data.get("ended_with"), data.get("root"),
         (int(model[0]), str(model[1])) if model else None, set(data.get("acked", ())),
+        data.get("first_end"),
     )  # fmt: skip

@@ -201,7 +201,6 @@ def test_a_trace_over_several_requests_gets_contiguous_indexes_and_a_resend_is_t
 
 
 def test_what_cannot_be_mapped_is_returned_with_the_span_and_the_reason():
-    spans = finished_spans(genai_trace)
     provider = TracerProvider()
     exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -224,10 +223,6 @@ def test_what_cannot_be_mapped_is_returned_with_the_span_and_the_reason():
     assert "input_tokens: Input should be greater than or equal to 0" in reasons["chat"]
     ended = next(e for e in events if isinstance(e, EpisodeEnded))
     assert ended.total_steps == 0  # a rejected step takes no index: no hole for the rules to wait on
-    # a step that arrives after its episode ended cannot get an index any more
-    events_of(request_bytes([spans[-1]]), cursor=cursor)
-    _, late = events_of(request_bytes(spans[:1]), cursor=cursor)
-    assert "arrived after its episode ended with 0 steps" in late[0][1]
 
 
 def test_a_failed_span_is_a_step_error_and_a_failed_root_a_failed_episode():
@@ -295,6 +290,30 @@ def test_a_span_whose_parent_is_in_another_process_is_the_episode_span_and_a_sec
     events, unmappable = events_of(request_bytes(spans[:2]), cursor=cursor)  # the first request's spans
     ended = next(e for e in events if isinstance(e, EpisodeEnded))
     assert ended.total_steps == 1 and not unmappable
-    _, unmappable = events_of(request_bytes(spans), cursor=cursor)
-    assert sorted(s.name for s, _ in unmappable) == ["chat tiny-1", "invoke_agent second"]
+    later, unmappable = events_of(request_bytes(spans), cursor=cursor)
+    assert [s.name for s, _ in unmappable] == ["invoke_agent second"]
+    # the second service's LLM call is still a step of the trace's episode, which now ends longer
+    assert [s.step_index for s in steps(later)] == [0, 1]
+    assert [e.total_steps for e in later if isinstance(e, EpisodeEnded)] == [2]
     assert any("a second root span in the trace" in reason for _, reason in unmappable)
+
+
+def test_a_step_span_after_its_root_is_the_next_step_and_the_episode_ends_again_longer():
+    spans = finished_spans(genai_trace)
+    root, children = spans[-1], spans[:-1]
+    cursor = StepCursor()
+    first, _ = events_of(request_bytes([root, *children[:2]]), cursor=cursor)
+    ended = next(e for e in first if isinstance(e, EpisodeEnded))
+    assert [s.step_index for s in steps(first)] == [0, 1] and ended.total_steps == 2
+    late, unmappable = events_of(request_bytes(children[2:]), cursor=cursor)  # after the root
+    assert unmappable == []
+    assert [s.step_index for s in steps(late)] == list(range(2, len(children)))
+    again = [e for e in late if isinstance(e, EpisodeEnded)]
+    assert len(again) == 1 and again[0].total_steps == len(children)
+    assert again[0].event_id != ended.event_id  # another event: both reach the topic
+    same = {k: v for k, v in again[0].model_dump().items() if k not in ("event_id", "total_steps")}
+    assert same == {k: v for k, v in ended.model_dump().items() if k not in ("event_id", "total_steps")}
+    # resending everything (root included) changes nothing: the same events again
+    resent, _ = events_of(request_bytes(spans), cursor=cursor)
+    assert {e.event_id for e in resent} <= {e.event_id for e in first + late}
+    assert next(e for e in resent if isinstance(e, EpisodeEnded)) == again[0]
