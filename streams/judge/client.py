@@ -1,4 +1,8 @@
-"""The judge's model client: the anthropic SDK's `AsyncAnthropic`, with our own retry policy.
+"""The judge's model client: one provider's SDK (streams/judge/providers/), with our own retry policy.
+
+`JudgeConfig.provider` picks the API: the anthropic SDK's `AsyncAnthropic` (Messages API) or the
+openai SDK's `AsyncOpenAI` (chat completions). The provider only sends a request and reads its
+reply; everything below is this module's, the same for every provider:
 
 - Bounded concurrency: a semaphore around each HTTP attempt (not around back-off sleeps).
 - Timeouts: `timeout_s` per attempt (the SDK's timeout).
@@ -25,10 +29,21 @@ from dataclasses import dataclass
 from streams.errors import JudgeCallError
 from streams.judge.config import JudgeConfig
 from streams.judge.prompt import Prompt
+from streams.judge.providers import Answer, Failure, Provider, provider_for
+from streams.judge.providers.base import RETRYABLE_STATUS, retry_after_seconds
+
+__all__ = [
+    "RETRYABLE_STATUS",
+    "CallResult",
+    "CircuitBreaker",
+    "JudgeCallError",
+    "JudgeClient",
+    "backoff_delay",
+    "retry_after_seconds",
+]
 
 log = logging.getLogger(__name__)
 
-RETRYABLE_STATUS = frozenset({408, 409, 429})
 # Request-specific errors: the endpoint is healthy, our request is not; they do not trip the breaker.
 REQUEST_ERRORS = frozenset({400, 404, 413, 422})
 
@@ -104,23 +119,8 @@ def backoff_delay(
     return jittered
 
 
-def retry_after_seconds(headers) -> float | None:
-    """`retry-after-ms` or `retry-after` (seconds) from response headers; None when absent/invalid."""
-    if headers is None:
-        return None
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        raw = headers.get(name)
-        if raw is None:
-            continue
-        try:
-            return max(0.0, float(raw) * scale)
-        except ValueError:
-            continue
-    return None
-
-
 class JudgeClient:
-    """One Messages-API endpoint, used by every judge call of a worker."""
+    """One judge endpoint (of `config.provider`'s API), used by every judge call of a worker."""
 
     def __init__(
         self,
@@ -129,8 +129,10 @@ class JudgeClient:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
+        provider: Provider | None = None,
     ):
         self.config = config
+        self.provider = provider or provider_for(config.provider)
         self.clock = clock
         self.sleep = sleep
         self.rng = rng
@@ -142,14 +144,7 @@ class JudgeClient:
 
     def _client(self):
         if self._sdk is None:
-            import anthropic
-
-            self._sdk = anthropic.AsyncAnthropic(
-                api_key=self.config.api_key.get_secret_value() if self.config.api_key else None,
-                base_url=self.config.base_url,
-                timeout=self.config.timeout_s,
-                max_retries=0,
-            )
+            self._sdk = self.provider.make_client(self.config)
             self._semaphore = asyncio.Semaphore(self.config.concurrency)
             _quiet_http_logs()
         return self._sdk
@@ -168,57 +163,40 @@ class JudgeClient:
             if not self.breaker.allow():
                 raise JudgeCallError("circuit open: the judge endpoint keeps failing", kind="circuit_open")
             try:
-                message = await self._attempt(sdk, prompt)
+                reply = await self._attempt(sdk, prompt)
             except Exception as exc:
-                if not _is_call_error(exc):
+                failure = self.provider.classify(exc)
+                if failure is None:
                     raise  # a bug, not an endpoint failure: never turned into a failure event
-                status, retryable, wait = self._classify(exc)
-                too_long = wait is not None and wait > self.config.max_retry_after_s
-                final = not retryable or too_long or attempt == self.config.max_attempts
-                if final:
-                    self._record_final_failure(status)
-                    reason = _describe(exc, status, attempt)
-                    if too_long:
-                        reason += f" (retry-after {wait:.0f}s exceeds max_retry_after_s)"
-                    raise JudgeCallError(reason, attempts=attempt, status=status) from None
-                self.breaker.trial_in_flight = False  # a retry may claim the trial slot again
-                delay = backoff_delay(
-                    attempt, self.config.backoff_base_s, self.config.backoff_max_s, wait, self.rng
-                )
-                log.info(
-                    "judge call attempt %d failed (%s); retrying in %.2fs", attempt, status or exc, delay
-                )
-                await self.sleep(delay)
+                await self._after_failure(exc, failure, attempt)
                 continue
             self.breaker.record_success()
-            return _result(message, (self.clock() - started) * 1000.0, attempt)
+            answer = self.provider.read(reply)
+            return _result(answer, (self.clock() - started) * 1000.0, attempt)
         raise AssertionError("unreachable")  # the loop always returns or raises
+
+    async def _after_failure(self, exc: Exception, failure: Failure, attempt: int) -> None:
+        """Raise JudgeCallError when this failure is final; else wait the back-off before the next try."""
+        wait = failure.retry_after_s
+        too_long = wait is not None and wait > self.config.max_retry_after_s
+        if not failure.retryable or too_long or attempt == self.config.max_attempts:
+            self._record_final_failure(failure.status)
+            reason = _describe(exc, failure.status, attempt)
+            if too_long:
+                reason += f" (retry-after {wait:.0f}s exceeds max_retry_after_s)"
+            raise JudgeCallError(reason, attempts=attempt, status=failure.status) from None
+        self.breaker.trial_in_flight = False  # a retry may claim the trial slot again
+        delay = backoff_delay(attempt, self.config.backoff_base_s, self.config.backoff_max_s, wait, self.rng)
+        log.info(
+            "judge call attempt %d failed (%s); retrying in %.2fs", attempt, failure.status or exc, delay
+        )
+        await self.sleep(delay)
 
     async def _attempt(self, sdk, prompt: Prompt):
         assert self._semaphore is not None
         async with self._semaphore:
             self.http_attempts += 1
-            # temperature goes in the body only when configured: the SDK no longer types it and
-            # some newer models refuse it.
-            extra = {"temperature": self.config.temperature} if self.config.temperature is not None else None
-            return await sdk.messages.create(
-                model=self.config.model,
-                max_tokens=self.config.max_tokens,
-                system=prompt.system,
-                messages=[{"role": "user", "content": prompt.user}],
-                extra_body=extra,
-            )
-
-    def _classify(self, exc: Exception) -> tuple[int | None, bool, float | None]:
-        import anthropic
-
-        if isinstance(exc, anthropic.APIStatusError):
-            status = exc.status_code
-            retryable = status in RETRYABLE_STATUS or status >= 500
-            return status, retryable, retry_after_seconds(getattr(exc.response, "headers", None))
-        if isinstance(exc, anthropic.APIConnectionError | asyncio.TimeoutError):
-            return None, True, None
-        return None, False, None
+            return await self.provider.send(sdk, self.config, prompt)
 
     def _record_final_failure(self, status: int | None) -> None:
         if status in REQUEST_ERRORS:
@@ -236,29 +214,19 @@ def _quiet_http_logs() -> None:
             logger.setLevel(logging.WARNING)
 
 
-def _is_call_error(exc: Exception) -> bool:
-    import anthropic
-
-    return isinstance(exc, anthropic.APIError | asyncio.TimeoutError)
-
-
 def _describe(exc: Exception, status: int | None, attempts: int) -> str:
     what = f"HTTP {status}" if status else type(exc).__name__
     detail = str(exc).splitlines()[0][:300] if str(exc) else ""
     return f"{what} after {attempts} attempt(s): {detail}".rstrip(": ")
 
 
-def _result(message, latency_ms: float, attempts: int) -> CallResult:
-    text = "".join(
-        getattr(block, "text", "") for block in message.content if getattr(block, "type", "") == "text"
-    )
-    usage = message.usage
+def _result(answer: Answer, latency_ms: float, attempts: int) -> CallResult:
     return CallResult(
-        text=text,
-        model=message.model,
-        input_tokens=int(getattr(usage, "input_tokens", 0) or 0),
-        output_tokens=int(getattr(usage, "output_tokens", 0) or 0),
+        text=answer.text,
+        model=answer.model,
+        input_tokens=answer.input_tokens,
+        output_tokens=answer.output_tokens,
         latency_ms=latency_ms,
         attempts=attempts,
-        stop_reason=message.stop_reason,
+        stop_reason=answer.stop_reason,
     )

@@ -1,21 +1,28 @@
-"""Judge settings: endpoint, model, concurrency, retries, circuit breaker, budget, prices, rule files.
+"""Judge settings: provider, endpoint, model, concurrency, retries, circuit breaker, budget, prices,
+rule files.
 
 One `JudgeConfig` per process, read once in `main()` (or by the worker's app factory) and passed down.
-Environment: `AGENTSTREAM_JUDGE_<FIELD>`; the API key also comes from `ANTHROPIC_API_KEY`.
-Without an API key the judge is off (`enabled` is False) and no judge processor is registered.
+Environment: `AGENTSTREAM_JUDGE_<FIELD>`. `provider` picks the API (streams/judge/providers/):
+"anthropic" (the Messages API, the default) or "openai" (chat completions: OpenAI, vLLM, SGLang,
+the policy server). The API key is `AGENTSTREAM_JUDGE_API_KEY`, else the provider's own variable
+(`ANTHROPIC_API_KEY` or `OPENAI_API_KEY`; the other provider's is never used). Without a key the
+judge is off (`enabled` is False) and no judge processor is registered. docs/judge.md has examples.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "claude-sonnet-4-6"
+Provider = Literal["anthropic", "openai"]
+KEY_VARIABLES = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 
 
 class ModelPrice(BaseModel):
@@ -36,6 +43,10 @@ DEFAULT_PRICES: dict[str, ModelPrice] = {
     "claude-haiku-4-5": ModelPrice(input_per_mtok=1.0, output_per_mtok=5.0),
     "claude-opus-4-5": ModelPrice(input_per_mtok=5.0, output_per_mtok=25.0),
     "claude-opus-4-1": ModelPrice(input_per_mtok=15.0, output_per_mtok=75.0),
+    "gpt-4.1": ModelPrice(input_per_mtok=2.0, output_per_mtok=8.0),
+    "gpt-4.1-mini": ModelPrice(input_per_mtok=0.4, output_per_mtok=1.6),
+    "gpt-4o": ModelPrice(input_per_mtok=2.5, output_per_mtok=10.0),
+    "gpt-4o-mini": ModelPrice(input_per_mtok=0.15, output_per_mtok=0.6),
 }
 
 
@@ -47,13 +58,38 @@ class JudgeConfig(BaseSettings):
         env_prefix="AGENTSTREAM_JUDGE_", extra="ignore", frozen=True, env_ignore_empty=True
     )
 
-    api_key: SecretStr | None = Field(
-        None, validation_alias=AliasChoices("AGENTSTREAM_JUDGE_API_KEY", "ANTHROPIC_API_KEY", "api_key")
+    provider: Provider = Field(
+        "anthropic",
+        description="the judge's API: 'anthropic' (Messages API) or 'openai' (chat completions: "
+        "OpenAI, vLLM, SGLang, the policy server)",
     )
-    base_url: str | None = Field(None, description="Messages-API endpoint; None = Anthropic's")
-    model: str = DEFAULT_MODEL
+    api_key: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("AGENTSTREAM_JUDGE_API_KEY", "api_key"),
+        description="the judge's API key; None = the provider's own variable (see `effective_api_key`)",
+    )
+    anthropic_api_key: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("ANTHROPIC_API_KEY", "anthropic_api_key"),
+        description="provider 'anthropic': the key when api_key is not given",
+    )
+    openai_api_key: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("OPENAI_API_KEY", "openai_api_key"),
+        description="provider 'openai': the key when api_key is not given",
+    )
+    base_url: str | None = Field(
+        None,
+        description="anthropic: the Messages-API root (None = Anthropic's); openai: the chat-completions "
+        "base URL, e.g. http://host:8000/v1 (a URL ending in /chat/completions works too; None = OpenAI's)",
+    )
+    model: str = Field(
+        DEFAULT_MODEL, description="the judge model; provider 'openai' needs it given (the served name)"
+    )
     rules_path: Path | None = Field(
-        None, description="judge rules file (YAML/JSON); None = judge nothing; a missing file is an error"
+        None,
+        description="judge rules file (YAML/JSON); None = the default rule (every trajectory, judged as a "
+        "whole: selection.DEFAULT_RULE); a missing file is an error",
     )
     rubrics_path: Path | None = Field(
         None, description="rubric overrides per domain (YAML/JSON); None = built-ins; missing file = error"
@@ -89,9 +125,39 @@ class JudgeConfig(BaseSettings):
     )
     observation_chars: int = Field(2000, ge=100, description="observation text shown per step")
 
+    @model_validator(mode="after")
+    def _openai_needs_a_model(self) -> JudgeConfig:
+        if self.provider == "openai" and "model" not in self.model_fields_set:
+            raise ValueError(
+                f"provider='openai' needs model (AGENTSTREAM_JUDGE_MODEL), the name the endpoint serves; "
+                f"the default model={DEFAULT_MODEL!r} is Anthropic's"
+            )
+        return self
+
+    @property
+    def key_variable(self) -> str:
+        """The provider's own API-key variable (`ANTHROPIC_API_KEY` or `OPENAI_API_KEY`)."""
+        return KEY_VARIABLES[self.provider]
+
+    def effective_api_key(self) -> str | None:
+        """The key sent: `api_key` (AGENTSTREAM_JUDGE_API_KEY), else the provider's own variable's;
+        None when neither is set (or both are empty).
+
+        >>> JudgeConfig(provider="openai", model="m", api_key="k").effective_api_key()
+        'k'
+        >>> only_anthropic = {"api_key": None, "openai_api_key": None, "anthropic_api_key": "a"}
+        >>> JudgeConfig(provider="openai", model="m", **only_anthropic).enabled
+        False
+        """
+        own = self.openai_api_key if self.provider == "openai" else self.anthropic_api_key
+        for secret in (self.api_key, own):
+            if secret is not None and secret.get_secret_value():
+                return secret.get_secret_value()
+        return None
+
     @property
     def enabled(self) -> bool:
-        return self.api_key is not None and bool(self.api_key.get_secret_value())
+        return self.effective_api_key() is not None
 
     def price_for(self, model: str) -> ModelPrice | None:
         """The price of a model; a dated id falls back to its undated family (longest prefix)."""
