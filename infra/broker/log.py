@@ -16,6 +16,8 @@ Layout of `<data>/<topic>-<partition>/`:
 - `<offset:020d>.snapshot`: idempotent-producer state as of `offset` (JSON), written at each roll
   and on clean close, so reopening only rescans the batches after it.
 - `.clean_shutdown`: present only between a clean `close()` and the next open.
+- `*.cleaned`, `*.swap`, `cleaner.checkpoint`: compaction's (`infra.broker.compaction`); its
+  segments keep their offsets, with gaps, so reads skip to the next batch that exists.
 
 Recovery: sealed segments were fsynced when rolled, so only the last segment is checked. Without
 the clean-shutdown marker it is scanned batch by batch (length, magic, offset continuity, CRC-32C)
@@ -30,12 +32,13 @@ import shutil
 import struct
 import threading
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 from clients.files import fsync_dir
+from infra.broker.compaction import finish_swaps, install_swap
 from infra.broker.errors import (
     BrokerStorageError,
     InvalidProducerEpochError,
@@ -55,18 +58,11 @@ from infra.broker.producer_state import (
     write_snapshot,
 )
 from infra.broker.records import (
-    LOG_OVERHEAD,
-    first_record_at,
     iter_batches,
     next_sequence,
     stamp_log_append_time,
 )
-from infra.broker.segment import (
-    LOG_SUFFIX,
-    BatchScan,
-    Segment,
-    write_file_atomic,
-)
+from infra.broker.segment import LOG_SUFFIX, BatchScan, Segment, write_file_atomic
 
 __all__ = [
     "AppendResult",
@@ -150,6 +146,7 @@ class PartitionLog:
     def _open(self) -> None:
         marker = self.directory / CLEAN_MARKER
         clean = marker.exists()
+        finish_swaps(self.directory)  # a compaction interrupted after its commit point
         names = (p.name[: -len(LOG_SUFFIX)] for p in self.directory.glob(f"*{LOG_SUFFIX}"))
         bases = sorted(int(name) for name in names if name.isdigit())
         if not bases:
@@ -171,11 +168,14 @@ class PartitionLog:
     def _load_sealed(self, seg: Segment, next_base: int) -> None:
         if not seg.load_index():
             log.info("rebuilding index of %s", seg.log_path)
-            self._rebuild_index(seg, verify_crc=False)
+            seg.rebuild_index(self.config.index_interval_bytes, verify_crc=False)
             seg.write_index(sync=True)
         else:
-            self._index_tail(seg, seg.scan_from_last_index(verify_crc=False), clean=True)
-        if seg.next_offset != next_base:
+            seg.since_index = 0
+            seg.index_scan(seg.scan_from_last_index(verify_crc=False), self.config.index_interval_bytes)
+        if seg.next_offset < next_base:  # compaction removed the segment's last batches
+            seg.next_offset = next_base
+        elif seg.next_offset > next_base:
             log.warning(
                 "segment %s ends at offset %d but the next segment starts at %d",
                 seg.log_path,
@@ -184,45 +184,13 @@ class PartitionLog:
             )
 
     def _load_active(self, seg: Segment, clean: bool) -> None:
+        every = self.config.index_interval_bytes
         if clean and seg.load_index():
-            scan = seg.scan_from_last_index(verify_crc=False)
-            self._index_tail(seg, scan, clean=True)
-            if scan.problem is None:
+            seg.since_index = 0  # continue the loaded index with the batches after its last entry
+            if seg.index_scan(seg.scan_from_last_index(verify_crc=False), every).problem is None:
                 return
             log.warning("clean-shutdown marker present but %s is inconsistent: full recovery", seg.log_path)
-        self._rebuild_index(seg, verify_crc=True)
-
-    def _rebuild_index(self, seg: Segment, verify_crc: bool) -> None:
-        """Scan the whole segment; truncate it at the first torn or corrupt batch."""
-        seg.reset_index()
-        scan = BatchScan(seg.fd, 0, seg.size, seg.base, verify_crc)
-        every = self.config.index_interval_bytes
-        for pos, f in scan:
-            seg.note_batch(pos, f[0], f[0] + f[6], f[8], LOG_OVERHEAD + f[1], every)
-        if scan.problem is not None:
-            self._truncate(seg, scan.valid_end, scan.problem)
-
-    def _index_tail(self, seg: Segment, scan: BatchScan, clean: bool) -> None:
-        """Continue the loaded index with the batches after its last entry (no new entries needed)."""
-        every = self.config.index_interval_bytes
-        seg.since_index = 0
-        for pos, f in scan:
-            seg.note_batch(pos, f[0], f[0] + f[6], f[8], LOG_OVERHEAD + f[1], every)
-        if scan.problem is not None and not clean:
-            self._truncate(seg, scan.valid_end, scan.problem)
-
-    def _truncate(self, seg: Segment, valid_end: int, problem: str) -> None:
-        log.warning(
-            "truncating %s at byte %d of %d (%d bytes dropped): %s",
-            seg.log_path,
-            valid_end,
-            seg.size,
-            seg.size - valid_end,
-            problem,
-        )
-        os.ftruncate(seg.fd, valid_end)
-        os.fsync(seg.fd)
-        seg.size = valid_end
+        seg.rebuild_index(every, verify_crc=True)
 
     # -- producer state
     def _rebuild_producers(self) -> None:
@@ -362,16 +330,25 @@ class PartitionLog:
             if cached is not None and not cached[0].closed and cached[1] < cached[0].size:
                 seg, pos = cached
                 self._use(seg)
+            elif (found := self._find(offset)) is not None:
+                seg, pos = found
             else:
-                seg = self._segments[bisect_right(self._bases, offset) - 1]
-                self._use(seg)
-                pos = seg.locate(offset)
+                return b""  # compaction left nothing between `offset` and the high watermark
             data, next_offset = seg.read_batches(pos, max_bytes)
             if len(self._positions) > 256:
                 self._positions.clear()
             if next_offset <= seg.next_offset:  # at the active end it becomes valid once data follows
                 self._positions[next_offset] = (seg, pos + len(data))
             return data
+
+    def _find(self, offset: int) -> tuple[Segment, int] | None:
+        """(segment, byte) of the first batch ending at or after `offset`, across compaction's gaps."""
+        for seg in self._segments[bisect_right(self._bases, offset) - 1 :]:
+            self._use(seg)
+            pos = seg.locate(offset) if seg.size else None
+            if pos is not None:
+                return seg, pos
+        return None
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= `timestamp_ms`, None if none.
@@ -382,15 +359,10 @@ class PartitionLog:
         with self._lock:
             self._check_open()
             for seg in self._segments:
-                if seg.max_timestamp < timestamp_ms:
-                    continue
-                i = bisect_left(seg.idx_ts, timestamp_ms) - 1
-                pos, first = (seg.idx_pos[i], seg.idx_offset[i]) if i >= 0 else (0, seg.base)
-                self._use(seg)
-                for bpos, f in BatchScan(seg.fd, pos, seg.size, first, verify_crc=False):
-                    if f[8] >= timestamp_ms:
-                        data = os.pread(seg.fd, LOG_OVERHEAD + f[1], bpos)
-                        return first_record_at(data, timestamp_ms, f[0], f[8])
+                if seg.max_timestamp >= timestamp_ms:
+                    self._use(seg)
+                    if (found := seg.first_at_or_after(timestamp_ms)) is not None:
+                        return found
             return None
 
     # -- retention, flushing, lifecycle
@@ -423,6 +395,37 @@ class PartitionLog:
             if deleted:
                 self._positions.clear()
         return deleted
+
+    # -- compaction (the cleaner is infra.broker.compaction; these are its two hooks)
+    def cleanable_segments(self, now_ms: int) -> list[Segment]:
+        """Sealed segments the cleaner may rewrite: every one but the active segment, up to the first
+        holding a record younger than min.compaction.lag.ms. They are immutable while listed here."""
+        with self._lock:
+            self._check_open()
+            lag, found = self.config.min_compaction_lag_ms, []
+            for seg in self._segments[:-1]:
+                if lag > 0 and seg.max_timestamp > now_ms - lag:
+                    break
+                found.append(seg)
+            return found
+
+    def replace_segments(self, old: list[Segment], cleaned: Path) -> bool:
+        """Put the `cleaned` file in place of the consecutive sealed segments `old` (same offsets,
+        fewer records). False, nothing changed, if retention or close changed `old` meanwhile."""
+        with self._lock:
+            i = next((n for n, seg in enumerate(self._segments) if seg is old[0]), -1)
+            if self._closed or i < 0 or self._segments[i : i + len(old)] != old or old[-1].closed:
+                return False
+            end = old[-1].next_offset
+            for seg in old:
+                seg.close()
+                self._open_sealed.pop(seg, None)
+            install_swap(self.directory, cleaned, old[0].base, end)
+            seg = Segment.cleaned(self.directory, old[0].base, end, self.config.index_interval_bytes)
+            self._segments[i : i + len(old)] = [seg]
+            self._bases[i : i + len(old)] = [seg.base]
+            self._positions.clear()
+            return True
 
     def flush(self) -> None:
         """fsync what was appended since the last flush. Safe to call from another thread: the lock

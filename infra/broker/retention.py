@@ -1,7 +1,8 @@
-"""Background maintenance of the broker: periodic jobs such as retention and interval flushes.
+"""Background maintenance of the broker: periodic jobs such as retention, compaction and flushes.
 
 `run_periodically` runs a synchronous job every `interval_s` in a worker thread (the jobs are file
-operations on the thread-safe store: deleting whole old segments, fdatasync), so the event loop
+operations on the thread-safe store: deleting whole old segments, rewriting sealed segments of
+compacted topics (infra.broker.compaction), fdatasync), so the event loop
 keeps serving clients meanwhile. A failing job is logged and retried at the next tick; it never
 stops the broker.
 """

@@ -11,16 +11,24 @@ position (i32), and the max timestamp of every batch before that position (i64).
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from pathlib import Path
 
 from crc32c import crc32c
 
-from infra.broker.errors import OffsetOutOfRangeError
-from infra.broker.records import CRC_START, HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH
+from infra.broker.records import (
+    CRC_START,
+    HEADER,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC,
+    MIN_BATCH_LENGTH,
+    first_record_at,
+)
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -30,6 +38,8 @@ NO_TIMESTAMP = -1
 MAX_SEGMENT_BYTES = 2**31 - 1  # index positions are int32, as in Kafka
 OFFSET_AND_LEN = struct.Struct(">qi")
 DELTA_AT_23 = struct.Struct(">i")
+
+log = logging.getLogger(__name__)
 
 
 # --- batch scanning --------------------------------------------------------------------------------
@@ -106,8 +116,8 @@ def _header_problem(fields: tuple, expected: int | None, available: int) -> str 
         return f"batch length {fields[1]} at offset {fields[0]} with {available} bytes left"
     if fields[6] < 0:
         return f"negative lastOffsetDelta {fields[6]} at offset {fields[0]}"
-    if expected is not None and fields[0] != expected:
-        return f"base offset {fields[0]} where {expected} was expected"
+    if expected is not None and fields[0] < expected:  # a gap is legal: compaction drops whole batches
+        return f"base offset {fields[0]} where at least {expected} was expected"
     return None
 
 
@@ -127,6 +137,16 @@ class Segment:
         self.idx_pos = array("q")  # its byte position
         self.idx_ts = array("q")  # max timestamp of every batch before that position
         self.since_index = 0
+
+    @classmethod
+    def cleaned(cls, directory: Path, base: int, end: int, every: int) -> Segment:
+        """A sealed segment compaction just put in place for offsets [base, end): index rebuilt."""
+        seg = cls(directory, base)
+        seg.rebuild_index(every, verify_crc=False)
+        seg.write_index(sync=True)
+        seg.next_offset = end
+        seg.release()
+        return seg
 
     # index maintenance
     def note_batch(self, pos: int, base_offset: int, last_offset: int, max_ts: int, size: int, every: int):
@@ -174,6 +194,32 @@ class Segment:
             self.max_timestamp = self.idx_ts[-1]
         return True
 
+    def rebuild_index(self, every: int, verify_crc: bool) -> None:
+        """Index the whole file from scratch; truncate it at the first torn or corrupt batch."""
+        self.reset_index()
+        scan = self.index_scan(BatchScan(self.fd, 0, self.size, self.base, verify_crc), every)
+        if scan.problem is not None:
+            self.truncate(scan.valid_end, scan.problem)
+
+    def index_scan(self, scan: BatchScan, every: int) -> BatchScan:
+        """Note every batch `scan` yields in the index; returns the finished scan."""
+        for pos, f in scan:
+            self.note_batch(pos, f[0], f[0] + f[6], f[8], LOG_OVERHEAD + f[1], every)
+        return scan
+
+    def truncate(self, valid_end: int, problem: str) -> None:
+        log.warning(
+            "truncating %s at byte %d of %d (%d bytes dropped): %s",
+            self.log_path,
+            valid_end,
+            self.size,
+            self.size - valid_end,
+            problem,
+        )
+        os.ftruncate(self.fd, valid_end)
+        os.fsync(self.fd)
+        self.size = valid_end
+
     def scan_from_last_index(self, verify_crc: bool) -> BatchScan:
         """A scan from the last indexed batch to the end of the file (index state updated by caller)."""
         start = self.idx_pos[-1] if self.idx_pos else 0
@@ -187,8 +233,9 @@ class Segment:
             return 0, self.base
         return self.idx_pos[i], self.idx_offset[i]
 
-    def locate(self, offset: int) -> int:
-        """Byte position of the batch containing `offset` (which must lie in this segment)."""
+    def locate(self, offset: int) -> int | None:
+        """Byte position of the first batch whose last offset is >= `offset`; None when no batch of
+        this segment reaches it (compaction may have removed the segment's last batches)."""
         pos, _ = self.position_before(offset)
         while pos < self.size:
             head = os.pread(self.fd, 27, pos)
@@ -196,7 +243,17 @@ class Segment:
             if base + DELTA_AT_23.unpack_from(head, 23)[0] >= offset:
                 return pos
             pos += LOG_OVERHEAD + length
-        raise OffsetOutOfRangeError(f"offset {offset} not found in segment {self.log_path}")
+        return None
+
+    def first_at_or_after(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with timestamp >= `timestamp_ms` here, else None."""
+        i = bisect_left(self.idx_ts, timestamp_ms) - 1
+        pos, first = (self.idx_pos[i], self.idx_offset[i]) if i >= 0 else (0, self.base)
+        for bpos, f in BatchScan(self.fd, pos, self.size, first, verify_crc=False):
+            if f[8] >= timestamp_ms:
+                data = os.pread(self.fd, LOG_OVERHEAD + f[1], bpos)
+                return first_record_at(data, timestamp_ms, f[0], f[8])
+        return None
 
     def read_batches(self, pos: int, max_bytes: int) -> tuple[bytes, int]:
         """Whole batches from `pos` up to `max_bytes` (at least one). Returns (data, next offset)."""

@@ -9,7 +9,7 @@ version outside the profile gets UNSUPPORTED_VERSION where its schema has a top-
 and otherwise the connection is closed (what Kafka does).
 
 This module owns sockets, framing and the lifecycle of the background tasks (session reaper,
-retention, interval flushes). Request semantics live in handlers_*.py.
+retention, compaction, interval flushes). Request semantics live in handlers_*.py.
 """
 
 from __future__ import annotations
@@ -75,6 +75,11 @@ class BrokerServer:
             "retention", cfg.retention_check_interval_ms / 1000, lambda: _apply_retention(store)
         )
         self._background.append(loop.create_task(retention))
+        # the log cleaner shares the retention check interval: both are log housekeeping
+        compaction = run_periodically(
+            "compaction", cfg.retention_check_interval_ms / 1000, lambda: store.compact_all(_now_ms())
+        )
+        self._background.append(loop.create_task(compaction))
         if cfg.flush == "interval":
             flushing = run_periodically("flush", cfg.flush_interval_ms / 1000, store.flush_all)
             self._background.append(loop.create_task(flushing))
@@ -221,7 +226,11 @@ def _peer_name(writer: asyncio.StreamWriter) -> str:
     return str(peer)
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 def _apply_retention(store) -> None:
-    deleted = store.apply_retention(int(time.time() * 1000))
+    deleted = store.apply_retention(_now_ms())
     if deleted:
         log.info("retention removed %d segment(s)", deleted)

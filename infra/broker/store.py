@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clients.files import fsync_dir
+from infra.broker.compaction import compact_log
 from infra.broker.errors import (
     BrokerStorageError,
     InvalidConfigError,
@@ -83,8 +84,9 @@ def topic_defaults(config: LogConfig) -> dict[str, str]:
         "max.message.bytes": str(config.max_message_bytes),
         "message.timestamp.type": config.timestamp_type,
         "compression.type": "producer",
-        "min.compaction.lag.ms": "0",
-        "delete.retention.ms": "86400000",
+        "min.compaction.lag.ms": str(config.min_compaction_lag_ms),
+        "delete.retention.ms": str(config.delete_retention_ms),
+        "min.cleanable.dirty.ratio": str(config.min_cleanable_dirty_ratio),
     }
 
 
@@ -356,6 +358,19 @@ class BrokerStore:
         with self._lock:
             logs = list(self._logs.values())
         return sum(pl.apply_retention(now_ms) for pl in logs)
+
+    def compact_all(self, now_ms: int) -> int:
+        """Compact every partition whose topic has cleanup.policy compact (and enough to clean);
+        returns how many were cleaned. A partition that fails is logged and does not stop the rest."""
+        with self._lock:
+            logs = [(key, pl) for key, pl in self._logs.items() if pl.config.compact]
+        cleaned = 0
+        for (topic, partition), pl in logs:
+            try:
+                cleaned += compact_log(pl, now_ms) is not None
+            except Exception:
+                log.exception("compaction of %s-%d failed; retrying at the next check", topic, partition)
+        return cleaned
 
     def flush_all(self) -> None:
         with self._lock:
