@@ -15,14 +15,20 @@ import logging
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from streams.errors import StreamsError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "claude-sonnet-4-6"
 Provider = Literal["anthropic", "openai"]
 KEY_VARIABLES = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+
+
+class JudgeConfigError(StreamsError):
+    """A judge setting read from the environment is invalid (names the variable and the value)."""
 
 
 class ModelPrice(BaseModel):
@@ -176,10 +182,32 @@ def resolve_config(config: object | None) -> JudgeConfig:
     nested = getattr(config, "judge", None)
     if isinstance(nested, JudgeConfig):
         return nested
-    judge = JudgeConfig()
+    judge = read_config()
     # The worker's --judge-rules (WorkerConfig.judge_rules_path) wins over the environment, so the
     # assembler and the judge always read the same rules file.
     rules_path = getattr(config, "judge_rules_path", None)
     if rules_path is not None:
         judge = judge.model_copy(update={"rules_path": Path(rules_path)})
     return judge
+
+
+def read_config() -> JudgeConfig:
+    """`JudgeConfig` from the environment; an invalid setting is a `JudgeConfigError`, one line
+    naming each variable and the value received (the CLI prints it without a traceback)."""
+    try:
+        return JudgeConfig()
+    except ValidationError as exc:
+        raise JudgeConfigError("invalid judge setting: " + "; ".join(map(_problem, exc.errors()))) from None
+
+
+def _problem(error: dict) -> str:
+    """One validation error as `VARIABLE: message (got value)`; secrets are never shown."""
+    message = error["msg"].removeprefix("Value error, ")
+    where = "_".join(str(part) for part in error["loc"]).upper()
+    if not where:
+        return message  # a check across fields: its message names them
+    variable = where if where.endswith("API_KEY") else f"AGENTSTREAM_JUDGE_{where}"
+    value = error.get("input")
+    if "KEY" in where or isinstance(value, dict):
+        return f"{variable}: {message}"
+    return f"{variable}: {message} (got {value!r})"

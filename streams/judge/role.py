@@ -14,6 +14,10 @@
   (the expected size is known) or has been quiet for `group_wait_s`.
 - timers: quiet groups, stale step batches and the state TTL, published through the same shell.
 
+Which trajectories: the rules file's rules, or without one the default rule
+(`streams.judge.selection.DEFAULT_RULE`: every trajectory, judged as a whole). Which API:
+`JudgeConfig.provider` (streams/judge/providers/), behind the one `JudgeClient`.
+
 Every role folder has the same files: `processor.py` (batch logic, no faust) and `role.py`.
 """
 
@@ -37,21 +41,45 @@ def register(app, config: object | None = None):
     off (no API key).
 
     `config`: a `JudgeConfig`, an object with a `.judge` attribute holding one (the worker's), or
-    None to read `AGENTSTREAM_JUDGE_*` / `ANTHROPIC_API_KEY` from the environment.
+    None to read `AGENTSTREAM_JUDGE_*` (and the provider's key variable) from the environment.
     """
     cfg = resolve_config(config)
     if not cfg.enabled:
-        log.warning("%s: no API key (ANTHROPIC_API_KEY); the LLM judge is off", NAME)
+        log.warning(
+            "%s: no API key (AGENTSTREAM_JUDGE_API_KEY or %s, provider %s); the LLM judge is off",
+            NAME,
+            cfg.key_variable,
+            cfg.provider,
+        )
         return None
-    from streams.judge.processor import JudgeProcessor
-
-    processor = JudgeProcessor.from_config(cfg)
-    if not processor.rules.rules:
-        log.warning("%s: no judge rules (AGENTSTREAM_JUDGE_RULES_PATH); nothing will be judged", NAME)
+    processor = build_processor(cfg)
     shell = _shell(app, processor)
     _add_agents(app, cfg, processor, shell)
     _add_timers(app, cfg, processor, shell)
     return processor
+
+
+def build_processor(cfg: JudgeConfig):
+    """The role's `JudgeProcessor`: the rules file's rules, or the default rule when none is
+    configured (`JudgeRules.for_judge`: every trajectory, judged as a whole); a rules file
+    configured but missing raises `JudgeRulesError` naming it."""
+    from streams.judge.client import JudgeClient
+    from streams.judge.processor import JudgeProcessor
+    from streams.judge.rubrics import RubricCatalog
+    from streams.judge.selection import DEFAULT_RULES, JudgeRules
+
+    rules = JudgeRules.for_judge(cfg.rules_path)
+    if rules is DEFAULT_RULES:
+        log.info(
+            "%s: no judge rules file (AGENTSTREAM_JUDGE_RULES_PATH); default rule %r: every trajectory, "
+            "judged as a whole",
+            NAME,
+            DEFAULT_RULES.rules[0].name,
+        )
+    elif not rules.rules:
+        log.warning("%s: judge rules file %s holds no rules; nothing will be judged", NAME, cfg.rules_path)
+    catalog = RubricCatalog.load(cfg.rubrics_path)
+    return JudgeProcessor(cfg, rules, catalog, JudgeClient(cfg))
 
 
 def _shell(app, processor) -> BatchShell:

@@ -6,8 +6,10 @@ A rules file (YAML or JSON) holds an ordered list; the first rule whose filters 
 evaluators can co-sample by using the same salt.
 
 This module is pure: it reads a file only in `JudgeRules.load`, and never talks to Kafka or a model.
-No rules file given means no rules (nothing is judged); a rules file given that does not exist is a
-`JudgeRulesError` naming the path.
+The judge without a rules file uses `DEFAULT_RULES` (every trajectory, judged as a whole;
+`JudgeRules.for_judge`); `JudgeRules.load` alone gives no rules then (the assembler's reading: no
+file, no judge scores expected). A rules file given that does not exist is a `JudgeRulesError`
+naming the path, for both. A file with an empty list judges nothing.
 
 Example rules file::
 
@@ -104,6 +106,16 @@ class JudgeRules(BaseModel):
     rules: list[JudgeRule] = Field(default_factory=list)
 
     @classmethod
+    def for_judge(cls, path: str | Path | None) -> JudgeRules:
+        """The judge's rules: the file's when one is given (errors as in `load`), else `DEFAULT_RULES`.
+
+        >>> [r.name for r in JudgeRules.for_judge(None).rules]
+        ['all-trajectories']
+        """
+        found = option_file(path, "judge rules file", JudgeRulesError)
+        return DEFAULT_RULES if found is None else cls.load(found)
+
+    @classmethod
     def load(cls, path: str | Path | None) -> JudgeRules:
         """Rules from a YAML or JSON file. No path given (None or empty) gives no rules; a path given
         that does not exist raises JudgeRulesError naming it (a typo must not silently judge nothing)."""
@@ -132,6 +144,22 @@ class JudgeRules(BaseModel):
         """How this trajectory is judged, or None when it is not."""
         rule = self.rule_for(started)
         return rule.mode if rule else None
+
+
+DEFAULT_RULE = JudgeRule(name="all-trajectories", mode="trajectory", rate=1.0)
+"""The rule the judge uses when no rules file is configured: every trajectory, judged as a whole.
+
+Why this default: turning the judge on (giving it a key) should judge something, and "trajectory"
+is the mode that asks least of the stream and the budget: one call per trajectory once its
+`episode.ended` arrives (step mode makes one call per step batch; group mode waits for groups),
+with the domain's rubric set. It matches every domain, agent and model and samples all of them.
+
+To narrow it, write a rules file (`AGENTSTREAM_JUDGE_RULES_PATH` / `--judge-rules`) starting from
+this rule: filter by `domains`, `agents` or `models`, lower `rate` to sample, or pick another `mode`
+(docs/judge.md). The first matching rule decides; a trajectory no rule matches is not judged.
+"""
+
+DEFAULT_RULES = JudgeRules(rules=[DEFAULT_RULE])
 
 
 def _parse_text(text: str, suffix: str) -> object:
