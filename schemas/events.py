@@ -18,7 +18,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validato
 
 SCHEMA_MAJOR = 1
 # 1.1: `redactions` on the events that carry free text (issue #18)
-SCHEMA_VERSION = f"{SCHEMA_MAJOR}.1"
+# 1.2: reward layers on `trajectory.scored`: per step `layers` / `missing_layers`, and the
+#      trajectory's `reward_definition` (issue #17)
+SCHEMA_VERSION = f"{SCHEMA_MAJOR}.2"
 
 Score = Annotated[float, Field(ge=0.0, le=1.0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -260,6 +262,22 @@ class ScoredStep(BaseModel):
     prompt_delta_start: NonNegInt | None = None
     token_continuity: Literal["first", "ok", "broken"] | None = None
     event_id: str | None = Field(None, description="the step.recorded event this step came from")
+    layers: list[str] = Field(
+        default_factory=list,
+        description="reward layers with a signal on this step, of rules / judge / human (since 1.2)",
+    )
+    missing_layers: dict[str, str] = Field(
+        default_factory=dict,
+        description="expected layers without a signal -> why, e.g. judge -> 'failed (error): timeout' "
+        "(since 1.2)",
+    )
+
+    def present_layers(self) -> list[str]:
+        """`layers`, or for a step written before 1.2 the layers whose score is present."""
+        if self.layers:
+            return list(self.layers)
+        scores = (("rules", self.rule_score), ("judge", self.judge_score), ("human", self.human_score))
+        return [name for name, score in scores if score is not None]
 
 
 class TrajectoryScored(EventBase):
@@ -282,10 +300,42 @@ class TrajectoryScored(EventBase):
     missing: list[str] = Field(default_factory=list, description="what was absent when emitted")
     revision: NonNegInt = 0
     reward_version: str = ""
+    reward_definition: str = Field(
+        "",
+        description="which layers the reward was computed from, with the reward version, e.g. "
+        "'rules+judge@assembly-1+rules-1' (see `reward_definition`; since 1.2)",
+    )
     calibration_version: str | None = None
     started_at: AwareDatetime | None = None
     ended_at: AwareDatetime | None = None
     metadata: JsonDict = Field(default_factory=dict)
+
+    def definition(self) -> str:
+        """`reward_definition`, or for an event written before 1.2 the one its step scores imply."""
+        if self.reward_definition:
+            return self.reward_definition
+        return reward_definition([s.present_layers() for s in self.steps], self.reward_version)
+
+
+LAYERS = ("rules", "judge", "human")
+
+
+def reward_definition(step_layers: list[list[str]], reward_version: str) -> str:
+    """The id of the reward definition: the layers every step has, then the layers only some steps
+    have marked `(partial)`, `none` without any, then `@` and the reward version. Trajectories with
+    the same id were scored the same way; the trainer never compares rewards across ids.
+
+    >>> reward_definition([["rules", "judge"], ["rules"]], "assembly-1+rules-1")
+    'rules+judge(partial)@assembly-1+rules-1'
+    >>> reward_definition([["rules", "judge"]] * 2, "v"), reward_definition([], "v")
+    ('rules+judge@v', 'none@v')
+    """
+    sets = [set(layers) for layers in step_layers]
+    every = set.intersection(*sets) if sets else set()
+    some = set.union(*sets) - every if sets else set()
+    order = [*LAYERS, *sorted((every | some) - set(LAYERS))]
+    names = [n for n in order if n in every] + [f"{n}(partial)" for n in order if n in some]
+    return f"{'+'.join(names) or 'none'}@{reward_version}"
 
 
 # --- training.batches / policy.updates ----------------------------------------------------------

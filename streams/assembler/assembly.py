@@ -7,28 +7,37 @@ the assembler's batch logic (streams/assembler/processor.py) feeds events in and
 `decide` returns.
 
 When it emits (`Assembly.decide(now, grace_s)`):
-- complete: the episode started and ended, every step 0..N-1 arrived (N = `episode.ended.total_steps`,
-  else the highest index seen + 1), every step has its rule reward, and, when the judge is expected
-  for this trajectory, every step has a judge score or failure (step mode) or the trajectory has one
-  (trajectory / group mode). Then it emits at once.
-- otherwise, after `grace_s` seconds without new input, with `complete=False` and `missing` naming
-  what was absent (e.g. `episode.ended`, `reward.rule.step[3]`).
+- at once, when nothing is left to wait for: the episode started and ended, every step 0..N-1
+  arrived (N = `episode.ended.total_steps`, else the highest index seen + 1), every step has its
+  rule reward, and, when the judge is expected for this trajectory, every judge target (each step in
+  step mode, else the trajectory) is settled: scored, or failed for good. A `budget_paused` failure
+  with a later `retry_at` is pending, not settled (streams/assembler/layers.py).
+- otherwise, after `grace_s` seconds without new input (the configured wait), with what it has.
+  `complete` is then True when only judge results were missing (they are given up, and each step
+  says so in `missing_layers`), False when structure or rule rewards were missing.
 - after an emission, input that changes the content gives a new `revision` (+1): immediately when
-  complete, else after the grace period again. Input that does not change it emits nothing.
+  nothing is left to wait for, else after the grace period again (a judge score that arrives after
+  the wait, or replaces a failure, gives a new revision). Input that does not change it emits nothing.
 Duplicates (same `event_id`) are ignored; a second event for the same step slot with another id is
-ignored too and reported in `ignored`.
+ignored too and reported in `ignored` (a newer judge failure replaces an older one; a score stands).
+
+`missing` names what the emission lacks (e.g. `episode.ended`, `reward.rule.step[3]`,
+`reward.judge.step[2]`, failed judge targets included); each step's `layers` and `missing_layers`
+say which layers it has and why an expected one is absent; `reward_definition` names the layers
+every step has and the reward version (`schemas.events.reward_definition`).
 
 Ids: `derived_event_id("trajectory.scored", trajectory_id, revision, content_hash)`, and `occurred_at`
 is the latest `occurred_at` of the joined input, so a replay of the same input recreates the same
-ids and bytes. Which input an *incomplete* (grace) emission saw depends on timing, so only complete
-emissions are guaranteed to be reproduced by a replay.
+ids and bytes. Which input an *incomplete* (grace) emission saw depends on timing, so only emissions
+made with nothing left to wait for are guaranteed to be reproduced by a replay.
 
-Scores (`score_trajectory`):
+Scores (`score_trajectory`; arithmetic in streams/assembler/scoring.py):
 - step process score = weighted mean of the layers present: rule (`reward.rule.step.score`), judge
   (the step's judge score, else the trajectory-level judge score), human (mean of the step's
   annotations, else of the trajectory-level ones), with the domain's layer weights
-  (`DomainProfile.layers()`); None when no layer has a signal. Judge scores are calibrated first when
-  a calibration map exists for (domain, rubric) (`Calibrations`).
+  (`DomainProfile.layers()`); None when no layer has a signal. A failed judge call is no score: the
+  step is scored from the other layers. Judge scores are calibrated first when a calibration map
+  exists for (domain, rubric) (`Calibrations`).
 - process = mean of the step process scores present; outcome from `episode.ended` with the domain's
   outcome spec; efficiency from `episode.started.reference_steps`.
 - total = weighted outcome / process / efficiency (domain weights, default 0.4 / 0.5 / 0.1),
@@ -37,12 +46,9 @@ Scores (`score_trajectory`):
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
-
-import orjson
+from typing import Any
 
 from schemas.events import (
     EpisodeEnded,
@@ -56,13 +62,39 @@ from schemas.events import (
     ScoredStep,
     StepRecorded,
     TrajectoryScored,
+    reward_definition,
 )
 from schemas.ids import derived_event_id
+from streams.assembler import layers as L
+from streams.assembler.scoring import (
+    CalibrationMap,
+    Calibrations,
+    content_hash,
+    human_by_step,
+    judge_layer,
+    outcome_of,
+    round6,
+    total_reward,
+    weighted_mean,
+)
 from streams.rules.profiles import DomainProfile, ProfileRegistry
-from streams.rules.rewards import efficiency, outcome_score
+from streams.rules.rewards import efficiency
+
+__all__ = [
+    "ASSEMBLY_VERSION",
+    "JOINED_TYPES",
+    "Assembly",
+    "CalibrationMap",
+    "Calibrations",
+    "content_hash",
+    "score_trajectory",
+    "total_reward",
+    "weighted_mean",
+]
 
 ASSEMBLY_VERSION = "assembly-1"
 PRODUCER = "streams/assembler"
+WEIGHT_KEYS = {L.RULES: "rule", L.JUDGE: "judge", L.HUMAN: "human"}  # layer -> DomainProfile.layers() key
 STEP_FIELDS = (
     "thought",
     "tool",
@@ -89,29 +121,6 @@ STARTED_FIELDS = (
     "group_id",
     "reference_steps",
 )
-
-
-class CalibrationMap(Protocol):
-    version: str
-
-    def apply(self, score: float) -> float: ...
-
-
-@dataclass
-class Calibrations:
-    """The newest calibration map per (domain, rubric). Empty means identity (no calibration)."""
-
-    maps: dict[tuple[str, str], CalibrationMap] = field(default_factory=dict)
-
-    def update(self, domain: str, rubric: str, mapping: CalibrationMap) -> None:
-        self.maps[(domain, rubric)] = mapping
-
-    def apply(self, domain: str, rubric: str, score: float | None) -> tuple[float | None, str | None]:
-        """Calibrated score and the version of the map used (None: no map, score unchanged)."""
-        mapping = self.maps.get((domain, rubric))
-        if mapping is None or score is None:
-            return score, None
-        return _clamp(mapping.apply(score)), mapping.version
 
 
 @dataclass
@@ -202,11 +211,15 @@ class Assembly:
         return True
 
     def _judge_failed(self, e: JudgeFailed, _mode) -> bool:
+        """Kept until a score replaces it; the newest failure of a target stands (layers.py)."""
+        current = self.judge_trajectory if e.step_index is None else self.judge_steps.get(e.step_index)
+        kept = L.fold_failure(current, L.failure_entry(e))
+        if kept is None:
+            return False  # the target has a score: a failure does not undo it
         if e.step_index is None:
-            if self.judge_trajectory is None:
-                self.judge_trajectory = {"failed": e.reason}
-            return True
-        self.judge_steps.setdefault(e.step_index, {"failed": e.reason})
+            self.judge_trajectory = kept
+        else:
+            self.judge_steps[e.step_index] = kept
         return True
 
     def _human(self, e: FeedbackAnnotation, _mode) -> bool:
@@ -220,8 +233,8 @@ class Assembly:
             return self.ended["total_steps"]
         return max(self.steps, default=-1) + 1
 
-    def missing(self) -> list[str]:
-        """What a complete trajectory would still need (empty: complete)."""
+    def _gaps(self, judge_done) -> list[str]:
+        """The parts still absent, counting a judge target as there when `judge_done(entry)`."""
         out = [
             name
             for name, part in (("episode.started", self.started), ("episode.ended", self.ended))
@@ -231,10 +244,23 @@ class Assembly:
         out += [f"step.recorded[{i}]" for i in range(n) if i not in self.steps]
         out += [f"reward.rule.step[{i}]" for i in range(n) if i not in self.rules]
         if self.judge_mode == "step":
-            out += [f"reward.judge.step[{i}]" for i in range(n) if i not in self.judge_steps]
-        elif self.judge_mode is not None and self.judge_trajectory is None:
+            out += [f"reward.judge.step[{i}]" for i in range(n) if not judge_done(self.judge_steps.get(i))]
+        elif self.judge_mode is not None and not judge_done(self.judge_trajectory):
             out.append("reward.judge.trajectory")
         return out
+
+    def missing(self) -> list[str]:
+        """What the assembler still waits for (empty: emit now). Failed judge targets are settled;
+        pending (budget-paused) and not yet arrived ones are waited for."""
+        return self._gaps(L.settled)
+
+    def absent(self) -> list[str]:
+        """What an emission lacks: `missing()` plus the judge targets that failed for good."""
+        return self._gaps(L.scored)
+
+    def structure_missing(self) -> list[str]:
+        """Absent parts that no wait can give up: the episode, its steps, their rule rewards."""
+        return self._gaps(lambda _entry: True)
 
     def decide(
         self,
@@ -249,11 +275,10 @@ class Assembly:
 
         `clock_floor`: the grace period never counts from before this time (a restarted worker
         passes its start time, so trajectories restored from the table get a full grace period)."""
-        missing = self.missing()
         quiet = now - max(self.last_change, clock_floor) >= grace_s
-        if missing and not quiet:
+        if self.missing() and not quiet:
             return None
-        content = score_trajectory(self, trajectory_id, profiles, calibrations, missing)
+        content = score_trajectory(self, trajectory_id, profiles, calibrations, wait_s=grace_s)
         digest = content_hash(content)
         if digest == self.emitted_hash:
             return None
@@ -321,85 +346,45 @@ def _int_keys(d: dict[str, Any]) -> dict[int, Any]:
     return {int(k): v for k, v in d.items()}
 
 
-def _clamp(x: float) -> float:
-    return max(0.0, min(1.0, float(x)))
+# --- the trajectory's content (pure) ------------------------------------------------------------
 
 
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 6)
+def _judge_target(a: Assembly, index: int) -> dict[str, Any] | None:
+    """The judge result that decides a step's judge layer: its own, else the trajectory's."""
+    own = a.judge_steps.get(index)
+    return own if a.judge_mode == "step" or own is not None else a.judge_trajectory
 
 
-# --- scores (pure) --------------------------------------------------------------------------------
-
-
-def weighted_mean(pairs: list[tuple[float, float | None]]) -> float | None:
-    """Σ w·v / Σ w over the pairs whose value is not None and weight > 0; None if none.
-
-    >>> weighted_mean([(0.4, 1.0), (0.5, 0.5), (0.1, None)])
-    0.722222
-    >>> weighted_mean([(0.4, None)]) is None
-    True
-    """
-    present = [(w, v) for w, v in pairs if v is not None and w > 0]
-    total = sum(w for w, _ in present)
-    return round(sum(w * v for w, v in present) / total, 6) if total else None
-
-
-def total_reward(
-    outcome: float | None, process: float | None, efficiency_score: float | None, profile: DomainProfile
-) -> float | None:
-    """Weighted outcome / process / efficiency, renormalised over the components present.
-
-    >>> from streams.rules.profiles import CODING
-    >>> total_reward(0.75, 0.5, None, CODING), total_reward(None, None, None, CODING)
-    (0.611111, None)
-    """
-    w = profile.reward_weights
-    return weighted_mean([(w.outcome, outcome), (w.process, process), (w.efficiency, efficiency_score)])
-
-
-def judge_layer(
-    judged: dict[str, Any] | None, domain: str, calibrations: Calibrations, versions: set[str]
-) -> tuple[float | None, dict[str, float]]:
-    """A judge result's (calibrated) overall score and rubric scores; collects calibration versions."""
-    if not judged or "score" not in judged:
-        return None, {}
-    rubric_scores = {}
-    for rubric, value in sorted(judged["scores"].items()):
-        rubric_scores[rubric], version = calibrations.apply(domain, rubric, value)
-        versions.update([version] if version else [])
-    score, version = calibrations.apply(domain, "overall", judged["score"])
-    versions.update([version] if version else [])
-    return _round(score), {k: _round(v) for k, v in rubric_scores.items()}
-
-
-def _human_by_step(human: dict[str, dict[str, Any]]) -> dict[int | None, float]:
-    groups: dict[int | None, list[float]] = {}
-    for ann in human.values():
-        groups.setdefault(ann["step"], []).append(ann["score"])
-    return {k: round(sum(v) / len(v), 6) for k, v in groups.items()}
+def _expected(a: Assembly, index: int, wait_s: float | None) -> dict[str, str]:
+    """The layers expected on a step -> why each would be missing (layers.py)."""
+    expected = {L.RULES: L.rules_reason(a.rules.get(index), wait_s)}
+    target = _judge_target(a, index)
+    if a.judge_mode is not None or target is not None:
+        expected[L.JUDGE] = L.judge_reason(target, wait_s)
+    return expected
 
 
 def _scored_steps(
-    a: Assembly, domain: str, profile: DomainProfile, calibrations: Calibrations, versions: set[str]
-):
-    """Every step with its layers' scores and its process score (weighted mean of the layers)."""
-    layers = profile.layers()
+    a: Assembly,
+    domain: str,
+    profile: DomainProfile,
+    calibrations: Calibrations,
+    versions: set[str],
+    wait_s: float | None = None,
+) -> list[ScoredStep]:
+    """Every step with its layers' scores, which layers it has or misses (and why), and its process
+    score (weighted mean of the layers present)."""
+    weights = profile.layers()
     traj_judge, _ = judge_layer(a.judge_trajectory, domain, calibrations, versions)
-    human = _human_by_step(a.human)
+    human = human_by_step(a.human)
     steps = []
     for index in sorted(set(a.steps) | set(a.rules)):
         rule = a.rules.get(index, {})
         judge, judge_scores = judge_layer(a.judge_steps.get(index), domain, calibrations, versions)
         judge = judge if judge is not None else traj_judge
-        human_score = human.get(index, human.get(None))
-        process = weighted_mean(
-            [
-                (layers.get("rule", 0.0), rule.get("score")),
-                (layers.get("judge", 0.0), judge),
-                (layers.get("human", 0.0), human_score),
-            ]
-        )
+        scores = {L.RULES: rule.get("score"), L.JUDGE: judge, L.HUMAN: human.get(index, human.get(None))}
+        present, missing = L.classify(scores, _expected(a, index, wait_s))
+        process = weighted_mean([(weights.get(WEIGHT_KEYS[name], 0.0), v) for name, v in scores.items()])
         steps.append(
             ScoredStep(
                 step_index=index,
@@ -410,8 +395,10 @@ def _scored_steps(
                 info_utilization=rule.get("info_utilization"),
                 judge_score=judge,
                 judge_scores=judge_scores,
-                human_score=human_score,
+                human_score=scores[L.HUMAN],
                 process_score=process,
+                layers=present,
+                missing_layers=missing,
             )
         )
     return steps
@@ -422,20 +409,22 @@ def score_trajectory(
     trajectory_id: str,
     profiles: ProfileRegistry,
     calibrations: Calibrations,
-    missing: list[str] | None = None,
+    wait_s: float | None = None,
 ) -> TrajectoryScored:
-    """The trajectory's content (event_id and revision are filled in by `Assembly.decide`)."""
+    """The trajectory's content (event_id and revision are filled in by `Assembly.decide`).
+
+    `wait_s`: the wait that ran out for what is still absent (named in the missing reasons)."""
     started = a.started or {}
     domain = started.get("domain") or "generic"
     profile = profiles.get(domain)
     versions: set[str] = set()
-    steps = _scored_steps(a, domain, profile, calibrations, versions)
+    steps = _scored_steps(a, domain, profile, calibrations, versions, wait_s)
     n = a.expected_steps()
     present = [s.process_score for s in steps if s.process_score is not None]
     process = round(sum(present) / len(present), 6) if present else None
-    outcome = _outcome(a.ended, profile)
-    eff = _round(efficiency(started.get("reference_steps"), n)) if a.started else None
-    rule_versions = sorted({r["version"] for r in a.rules.values()})
+    outcome = outcome_of(a.ended, profile)
+    eff = round6(efficiency(started.get("reference_steps"), n)) if a.started else None
+    reward_version = "+".join([ASSEMBLY_VERSION, *sorted({r["version"] for r in a.rules.values()})])
     return TrajectoryScored(
         event_id="pending",
         trajectory_id=trajectory_id,
@@ -455,31 +444,12 @@ def score_trajectory(
         process_score=process,
         efficiency_score=eff,
         total_reward=total_reward(outcome, process, eff, profile),
-        complete=not (a.missing() if missing is None else missing),
-        missing=a.missing() if missing is None else missing,
-        reward_version="+".join([ASSEMBLY_VERSION, *rule_versions]),
+        complete=not a.structure_missing(),
+        missing=a.absent(),
+        reward_version=reward_version,
+        reward_definition=reward_definition([s.layers for s in steps], reward_version),
         calibration_version=",".join(sorted(versions)) or None,
         started_at=datetime.fromisoformat(started["at"]) if a.started else None,
         ended_at=datetime.fromisoformat(a.ended["at"]) if a.ended else None,
         metadata=started.get("metadata") or {},
     )
-
-
-def _outcome(ended: dict[str, Any] | None, profile: DomainProfile) -> float | None:
-    if ended is None:
-        return None
-    passed, failed = ended["tests_passed"], ended["tests_failed"]
-    outcome = {
-        "success": ended["success"],
-        "tests_passed": passed,
-        "tests_failed": failed,
-        "tests_total": (passed or 0) + (failed or 0) if passed is not None or failed is not None else None,
-        "partial_credit": ended["score"],
-    }
-    return _round(outcome_score(outcome, profile.outcome))
-
-
-def content_hash(event: TrajectoryScored) -> str:
-    """A digest of everything but the envelope's id and the revision number."""
-    body = event.model_dump(mode="json", exclude={"event_id", "revision"})
-    return hashlib.blake2b(orjson.dumps(body, option=orjson.OPT_SORT_KEYS), digest_size=16).hexdigest()

@@ -3,10 +3,13 @@ grace expiry and restored trajectories, the worker's option checks."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from schemas import topics
 from schemas.codec import encode
+from schemas.events import JudgeFailed
 from schemas.records import Record
 from streams.assembler.processor import TrajectoryAssembler
 from streams.config import WorkerConfig, WorkerConfigError
@@ -68,6 +71,30 @@ def test_assembler_expires_after_grace_and_tracks_restored_trajectories():
     assert fresh.track_restored(store.items()) == 1
     clock[0] += 31
     assert fresh.expire(store.get).outputs == []
+
+
+def test_assembler_waits_for_a_budget_paused_judge_then_gives_it_up_on_the_timer():
+    clock = [1000.0]
+    assembler = TrajectoryAssembler(
+        ProfileRegistry(), grace_s=30, judge_mode=lambda _started: "step", clock=lambda: clock[0]
+    )
+    started, steps, ended, rewards = trajectory()
+    paused = [
+        JudgeFailed(
+            event_id=f"p{i}", trajectory_id="t", occurred_at=T0, producer="judge", reason="budget",
+            kind="budget_paused", step_index=i, retry_at=T0 + timedelta(hours=1),
+        )
+        for i in range(len(steps))
+    ]  # fmt: skip
+    store = {}
+    batch = records([started, *steps, ended]) + records(rewards, topics.REWARD_RULE)
+    result = assembler.process(batch + records(paused, topics.REWARD_JUDGE), store.get)
+    store.update(result.updates)
+    assert result.outputs == [] and list(assembler.open) == [b"t"]
+    clock[0] += 31
+    [t] = assembler.expire(store.get).outputs
+    assert t.complete and {s.layers[0] for s in t.steps} == {"rules"}
+    assert all("given up after the 30s wait" in s.missing_layers["judge"] for s in t.steps)
 
 
 @pytest.mark.parametrize(
