@@ -23,6 +23,11 @@ estimate below the real cost (the settlement then charges the real cost). A rese
 never settled (the worker died during the call) keeps its estimate until its windows end, which
 errs on the side of spending less. Duplicate records (a producer retry) are ignored by id.
 
+A refusal is `waitable` when the reservations still open in the blocking windows are what keeps
+it out (it would fit if they settled at 0): the caller then waits for settlements and asks
+again instead of pausing for the rest of the window (estimates are upper bounds, so calls in
+flight usually settle well below them).
+
 >>> from datetime import UTC, datetime
 >>> t = datetime(2026, 1, 1, 10, 59, tzinfo=UTC)
 >>> book = BudgetBook()
@@ -38,6 +43,7 @@ True
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -103,6 +109,7 @@ class Reservation:
     id: str
     amount: float
     retry_at: datetime | None = None
+    waitable: bool = False  # refused only because of reservations still open (see the module doc)
 
     @property
     def granted(self) -> bool:
@@ -114,6 +121,8 @@ class BudgetBook:
 
     def __init__(self) -> None:
         self.spent: dict[str, float] = {}
+        self.held: dict[str, float] = {}  # the part of `spent` that is open reservations
+        self.waitable = False  # whether the last refusal was `waitable`
         self.ends: dict[str, datetime] = {}
         self.open: dict[str, tuple[list[str], float]] = {}  # granted, not yet settled
         self.decided: dict[str, tuple[datetime | None, datetime]] = {}  # id -> (retry_at, last end)
@@ -128,11 +137,18 @@ class BudgetBook:
             return self.decided[rid][0]  # a duplicate: the first copy decided
         amount = float(record["amount"])
         windows = [(key, datetime.fromisoformat(end), float(cap)) for key, end, cap in record["windows"]]
-        blocked = [end for key, end, cap in windows if self.spent.get(key, 0.0) + amount > cap + EPSILON]
-        retry_at = max(blocked) if blocked else None
+        over = [
+            (key, end, cap) for key, end, cap in windows if self.spent.get(key, 0.0) + amount > cap + EPSILON
+        ]
+        retry_at = max(end for _k, end, _c in over) if over else None
+        self.waitable = bool(over) and all(
+            self.spent.get(key, 0.0) - self.held.get(key, 0.0) + amount <= cap + EPSILON
+            for key, _e, cap in over
+        )
         if retry_at is None:
             for key, end, _cap in windows:
                 self.spent[key] = self.spent.get(key, 0.0) + amount
+                self.held[key] = self.held.get(key, 0.0) + amount
                 self.ends[key] = end
             self.open[rid] = ([key for key, _e, _c in windows], amount)
         last_end = max((end for _k, end, _c in windows), default=datetime.fromisoformat(record["at"]))
@@ -145,11 +161,13 @@ class BudgetBook:
         for key in keys or ():
             if key in self.spent:
                 self.spent[key] = max(0.0, self.spent[key] - amount + actual)
+                self.held[key] = max(0.0, self.held.get(key, 0.0) - amount)
 
     def _forget(self, now: datetime) -> None:
         cutoff = now - KEEP_ENDED
         for key in [k for k, end in self.ends.items() if end < cutoff]:
             self.spent.pop(key, None)
+            self.held.pop(key, None)
             del self.ends[key]
         for rid in [r for r, (_retry, end) in self.decided.items() if end < cutoff]:
             del self.decided[rid]
@@ -173,6 +191,7 @@ class SpendBudget:
         self.caps = caps(per_hour, per_day)
         self.clock = clock
         self.book = BudgetBook()
+        self.settled = asyncio.Event()
 
     @property
     def enabled(self) -> bool:
@@ -183,11 +202,26 @@ class SpendBudget:
 
     async def reserve(self, amount: float) -> Reservation:
         rid = new_reservation_id()
-        return Reservation(rid, amount, self.book.apply(reserve_record(rid, amount, self.clock(), self.caps)))
+        retry_at = self.book.apply(reserve_record(rid, amount, self.clock(), self.caps))
+        return Reservation(rid, amount, retry_at, retry_at is not None and self.book.waitable)
 
     async def settle(self, reservation: Reservation, actual: float) -> None:
         self.book.apply(settle_record(reservation.id, actual))
+        self.settled.set()
+
+    async def wait_settled(self, timeout_s: float) -> None:
+        """Until the next settlement, or `timeout_s`."""
+        await wait_event(self.settled, timeout_s)
 
     def spent(self) -> dict[str, float]:
         """Spend of the current hour and day (for logs and the bench)."""
         return self.book.spent_at(self.clock())
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> None:
+    """Wait for the next `set` of `event` (cleared first), at most `timeout_s`."""
+    event.clear()
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except TimeoutError:
+        pass

@@ -4,7 +4,9 @@
 
 1. the reply cache (content hash of prompt version, model and prompt text): a hit costs nothing;
    two requests for the same content in one process make one call (the second waits for it);
-2. with a budget set, a reservation of `estimate(request)`: refused, the request's targets get
+2. with a budget set, a reservation of `estimate(request)`; refused only because of calls still
+   in flight (`waitable`), it waits for their settlements and asks again (one waiting request
+   per process at a time, for at most the longest a call can take); refused, the targets get
    `reward.judge.failed` kind "budget_paused" with `retry_at`, and the outcome carries
    `paused_until` so the processor parks the request and runs it again then (streams/judge/retry.py);
 3. the call (streams/judge/client.py), then the settlement: the real cost of the reply; 0 for an
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -83,6 +86,7 @@ class JudgeCalls:
         self.config, self.client, self.budget, self.cache = config, client, budget, cache
         self.stats, self.now, self.chars_per_token = stats, now, chars_per_token
         self._inflight: dict[str, asyncio.Future] = {}
+        self._room = asyncio.Lock()  # one request per process waits for room in the budget
 
     async def open(self) -> None:
         """Load the budget and the cache (the shared ones read their topics to the end)."""
@@ -120,7 +124,7 @@ class JudgeCalls:
     async def _call(self, request: JudgeRequest) -> tuple[Outcome, str | None]:
         reservation = None
         if self.budget.enabled:
-            reservation = await self.budget.reserve(self.estimate(request))
+            reservation = await self._reserve(self.estimate(request))
             if not reservation.granted:
                 return Outcome(self._paused(request, reservation.retry_at), reservation.retry_at), None
         self.stats.calls += 1
@@ -155,6 +159,17 @@ class JudgeCalls:
             return Outcome(events), None
         usable = any(e.type != "reward.judge.failed" for e in events)
         return Outcome(events), (result.text if usable else None)
+
+    async def _reserve(self, amount: float) -> Reservation:
+        reservation = await self.budget.reserve(amount)
+        if reservation.granted or not reservation.waitable:
+            return reservation
+        async with self._room:
+            deadline = time.monotonic() + self.config.timeout_s * self.config.max_attempts
+            while reservation.waitable and time.monotonic() < deadline:
+                await self.budget.wait_settled(0.5)
+                reservation = await self.budget.reserve(amount)
+        return reservation
 
     async def _settle(self, reservation: Reservation | None, actual: float | None) -> None:
         """Settle at `actual`, or keep the estimate (None: what was charged is unknown)."""

@@ -57,6 +57,7 @@ from streams.judge.budget import (
     reserve_record,
     settle_record,
     utc_now,
+    wait_event,
 )
 from streams.judge.cache import ReplyCache
 
@@ -104,6 +105,7 @@ class JudgeLedger:
         self.replies = ReplyCache(cache_entries)
         self.client_id = f"{app_id}-ledger"
         self._waiters: dict[str, asyncio.Future] = {}
+        self.settled = asyncio.Event()  # set on every settlement read (any replica's)
         self._opening: asyncio.Future | None = None
         self._follower: asyncio.Task | None = None
         self._failed: BaseException | None = None
@@ -163,9 +165,12 @@ class JudgeLedger:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             log.error("%s[0]@%d: unreadable budget record skipped: %r", topic, message.offset, exc)
             return
-        waiter = self._waiters.pop(record.get("id"), None) if record.get("op") == "reserve" else None
+        if record.get("op") != "reserve":
+            self.settled.set()
+            return
+        waiter = self._waiters.pop(record.get("id"), None)
         if waiter is not None and not waiter.done():
-            waiter.set_result(retry_at)
+            waiter.set_result((retry_at, retry_at is not None and self.book.waitable))
 
     async def _follow(self) -> None:
         try:
@@ -188,16 +193,16 @@ class JudgeLedger:
         self._waiters[rid] = waiter
         record = reserve_record(rid, amount, now, window_caps)
         try:
-            retry_at = await asyncio.wait_for(self._send_and_decide(record, waiter), self.timeout_s)
+            retry_at, waitable = await asyncio.wait_for(self._send_and_decide(record, waiter), self.timeout_s)
         except TimeoutError:
             raise JudgeLedgerError(
                 f"{self.budget_topic}: reservation {rid} not read back within {self.timeout_s}s"
             ) from None
         finally:
             self._waiters.pop(rid, None)
-        return Reservation(rid, amount, retry_at)
+        return Reservation(rid, amount, retry_at, waitable)
 
-    async def _send_and_decide(self, record: dict, waiter: asyncio.Future) -> datetime | None:
+    async def _send_and_decide(self, record: dict, waiter: asyncio.Future) -> tuple[datetime | None, bool]:
         await self._producer.send_and_wait(
             self.budget_topic, orjson.dumps(record), key=BUDGET_KEY, partition=0
         )
@@ -257,6 +262,9 @@ class SharedBudget:
 
     async def settle(self, reservation: Reservation, actual: float) -> None:
         await self.ledger.settle(reservation, actual)
+
+    async def wait_settled(self, timeout_s: float) -> None:
+        await wait_event(self.ledger.settled, timeout_s)
 
     def spent(self) -> dict[str, float]:
         return self.ledger.book.spent_at(self.clock())

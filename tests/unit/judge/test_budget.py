@@ -66,6 +66,16 @@ def test_settlement_replaces_the_estimate_and_unknown_or_duplicate_records_chang
     assert book.spent_at(AT)["hour"] == pytest.approx(0.6)
 
 
+def test_a_refusal_caused_by_open_reservations_is_waitable():
+    book = BudgetBook()
+    window_caps = caps(1.0, None)
+    book.apply(reserve_record("a", 0.6, AT, window_caps))
+    assert book.apply(reserve_record("b", 0.6, AT, window_caps)) == HOUR_END and book.waitable
+    book.apply(settle_record("a", 0.5))  # settled: no longer open
+    assert book.apply(reserve_record("c", 0.6, AT, window_caps)) == HOUR_END and not book.waitable
+    assert book.apply(reserve_record("d", 0.5, AT, window_caps)) is None
+
+
 def test_every_reader_reaches_the_same_decisions_and_caps_travel_in_the_records():
     x, y = caps(1.0, None), caps(0.5, None)  # two replicas configured differently
     records = [
