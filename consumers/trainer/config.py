@@ -45,6 +45,15 @@ class PlannerConfig:
     )
     require_complete: bool = field(default=True, metadata={"help": "skip trajectories with complete=false"})
     dedup: bool = field(default=True, metadata={"help": "skip content duplicates (sha256 of steps)"})
+    group_definition_wait_s: float = field(
+        default=60.0,
+        metadata={
+            "help": "GRPO/DPO: a group whose members were scored under different reward definitions "
+            "(e.g. some without the judge layer) waits this long for later revisions to agree, then is "
+            "built from the members of its most common definition; the others are left out and counted "
+            "(docs/reward-definitions.md)"
+        },
+    )
     sft: SFTBuilderConfig = field(default_factory=SFTBuilderConfig, metadata={"prefix": ""})
     dpo: DPOPairConfig = field(default_factory=DPOPairConfig, metadata={"prefix": "dpo-"})
     grpo: GRPOGroupConfig = field(default_factory=GRPOGroupConfig, metadata={"prefix": ""})
@@ -58,6 +67,10 @@ class PlannerConfig:
             raise ConsumerConfigError(f"--batch-trajectories: must be >= 1, got {self.batch_trajectories!r}")
         if self.flush_interval_s < 0:
             raise ConsumerConfigError(f"--flush-interval-s: must be >= 0, got {self.flush_interval_s!r}")
+        if self.group_definition_wait_s < 0:
+            raise ConsumerConfigError(
+                f"--group-definition-wait-s: must be >= 0, got {self.group_definition_wait_s!r}"
+            )
 
 
 @dataclass(frozen=True)

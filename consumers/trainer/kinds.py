@@ -4,6 +4,9 @@ Everything that names batch kinds reads `KINDS`: the `--kinds` option (help, def
 the planner's lanes, the batch store's directories and recovery scan, and `agentstream train`
 (the method per kind, `--follow`'s default kind per method).
 
+Grouped kinds (DPO pairs, GRPO advantages) compare rewards within a group, so the planner builds a
+group from trajectories of one reward definition only (planner.py, `split_by_definition`).
+
 Adding a batch kind: write its pure builder under `builders/` (config + `build`), then add one
 `BatchKind` entry here. A kind whose builder has its own options nests that config in
 `config.PlannerConfig` (its fields become `agentstream trainer` options).
@@ -77,8 +80,13 @@ def _sft_settings(config: PlannerConfig) -> dict[str, Any]:
     return config.sft.to_dict()
 
 
+def _group_settings(config: PlannerConfig) -> dict[str, Any]:
+    """How groups are formed: shared by DPO and GRPO (the definition rule: planner.py)."""
+    return config.groups.to_dict() | {"group_definition_wait_s": config.group_definition_wait_s}
+
+
 def _dpo_settings(config: PlannerConfig) -> dict[str, Any]:
-    return config.dpo.to_dict() | config.groups.to_dict()
+    return config.dpo.to_dict() | _group_settings(config)
 
 
 KINDS: dict[str, BatchKind] = {
@@ -107,7 +115,7 @@ KINDS: dict[str, BatchKind] = {
         BatchKind(
             "grpo", "grpo", "groups of one task with GRPO / RLOO advantages",
             make=lambda c, _tok: GRPOGroupBuilder(c.grpo),
-            settings=lambda c: c.grpo.to_dict() | c.groups.to_dict(),
+            settings=lambda c: c.grpo.to_dict() | _group_settings(c),
             eligible=lambda b, t, ctx: b.eligible(t, ctx.current_policy),
             rows=lambda b, ts, ctx: b.build(ts, complete=ctx.complete),
             grouped=True, group_key=lambda t: (t.task_id, t.group_id or ""), follow_default=True,

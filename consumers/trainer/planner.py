@@ -6,6 +6,15 @@ later revision replaces a pending earlier one (or withdraws it when no longer el
 (SFT) batch trajectories directly; group lanes (DPO, step DPO, GRPO) first gather groups of one task.
 A lane flushes when `batch_trajectories` are ready or the oldest ready one waited `flush_interval_s`.
 
+One reward definition per group (docs/reward-definitions.md): a DPO pair or a GRPO group compares
+rewards, so its members must have been scored the same way (`TrajectoryScored.definition()`, e.g.
+`rules+judge@...` vs `rules@...` when the judge failed). A finished group whose members disagree is
+held up to `group_definition_wait_s` (later revisions of its members replace them, e.g. a late
+judge score), then built from the members of its most common definition (`split_by_definition`);
+the others are left out, logged and counted in the batch's `builder_config`
+(`left_out_by_definition`, with `reward_definitions`). A group left with fewer than
+`min_group_size` members is dropped whole (counted too).
+
 `commit_positions` gives, per partition, the offset that is safe to commit: the lowest offset still
 pending in any lane, or everything consumed when nothing is pending there. After a crash, replay from
 there rebuilds the pending state, and trajectories already in a manifest are skipped.
@@ -19,7 +28,7 @@ from typing import Any
 
 from consumers.trainer.builders.common import sorted_versions
 from consumers.trainer.builders.dedup import content_hash
-from consumers.trainer.builders.groups import Group, GroupCollector
+from consumers.trainer.builders.groups import Group, GroupCollector, Member
 from consumers.trainer.config import PlannerConfig
 from consumers.trainer.kinds import KINDS, BatchContext
 from schemas.events import TrajectoryScored
@@ -29,7 +38,36 @@ log = logging.getLogger(__name__)
 
 Partition = tuple[str, int]
 
-__all__ = ["Entry", "GroupLane", "Lane", "PlannedBatch", "Planner", "PlannerConfig"]
+__all__ = ["Entry", "GroupLane", "Lane", "PlannedBatch", "Planner", "PlannerConfig", "split_by_definition"]
+
+
+def _layer_count(definition: str) -> int:
+    return len(definition.split("@", 1)[0].split("+"))
+
+
+def split_by_definition(definitions: list[str]) -> tuple[str, list[int], list[int]]:
+    """(the definition most members share, indices kept, indices left out). Ties go to the
+    definition with more layers, then to the smaller id, so the choice does not depend on order.
+
+    >>> split_by_definition(["rules+judge@v", "rules@v", "rules+judge@v"])
+    ('rules+judge@v', [0, 2], [1])
+    >>> split_by_definition(["rules@v", "rules+judge@v"])[0]
+    'rules+judge@v'
+    """
+    counts: dict[str, int] = {}
+    for d in definitions:
+        counts[d] = counts.get(d, 0) + 1
+    best = min(counts, key=lambda d: (-counts[d], -_layer_count(d), d))
+    kept = [i for i, d in enumerate(definitions) if d == best]
+    return best, kept, [i for i, d in enumerate(definitions) if d != best]
+
+
+@dataclass
+class Held:
+    """A finished group whose members disagree on the reward definition, held since `since`."""
+
+    group: Group[Entry]
+    since: float
 
 
 @dataclass
@@ -165,6 +203,8 @@ class GroupLane(Lane):
         self.groups: list[Group[Entry]] = []
         self.index: dict[str, Entry] = {}  # trajectory id -> pending entry (in a collector group)
         self.grouped: set[str] = set()  # trajectory ids in finished groups waiting for the flush
+        self.held: list[Held] = []  # finished groups of mixed reward definitions, waiting to agree
+        self.left_out = 0  # members left out for their reward definition since the last batch
 
     def key(self, t: TrajectoryScored) -> tuple[str, ...]:
         return self.spec.group_key(t)
@@ -179,7 +219,8 @@ class GroupLane(Lane):
         return owner is None or _step_event_ids(owner.trajectory) == _step_event_ids(entry.trajectory)
 
     def pending_entries(self) -> list[Entry]:
-        return self.collector.items() + [m.item for g in self.groups for m in g.members]
+        groups = self.groups + [h.group for h in self.held]
+        return self.collector.items() + [m.item for g in groups for m in g.members]
 
     def pending_revision(self, trajectory_id: str) -> int | None:
         entry = self.index.get(trajectory_id)
@@ -195,6 +236,7 @@ class GroupLane(Lane):
 
     def admit(self, entry: Entry, now: float) -> None:
         if entry.trajectory.trajectory_id in self.grouped:
+            self._revise_held(entry, now)
             return
         self.index[entry.trajectory.trajectory_id] = entry
         for group in self.collector.add(self.key(entry.trajectory), entry.trajectory, entry, now):
@@ -202,6 +244,52 @@ class GroupLane(Lane):
 
     def _ready(self, group: Group[Entry], now: float) -> None:
         self.grouped.update(m.trajectory.trajectory_id for m in group.members)
+        if len(_definitions(group)) > 1 and self.planner.config.group_definition_wait_s > 0:
+            self.held.append(Held(group, now))
+            return
+        self._finish(group, now)
+
+    def _revise_held(self, entry: Entry, now: float) -> None:
+        """A later revision of a member of a held group replaces it; the group goes on once its
+        members agree on the reward definition."""
+        t = entry.trajectory
+        for held in self.held:
+            for i, m in enumerate(held.group.members):
+                if m.trajectory.trajectory_id == t.trajectory_id and t.revision >= m.trajectory.revision:
+                    held.group.members[i] = Member(t, entry)
+                    self.index[t.trajectory_id] = entry
+                    if len(_definitions(held.group)) == 1:
+                        self.held.remove(held)
+                        self._finish(held.group, now)
+                    return
+
+    def _release_held(self, now: float, force: bool) -> None:
+        wait = self.planner.config.group_definition_wait_s
+        for held in [h for h in self.held if force or now - h.since >= wait]:
+            self.held.remove(held)
+            self._finish(held.group, now)
+
+    def _finish(self, group: Group[Entry], now: float) -> None:
+        """Keep the members of the group's most common reward definition; count and log the rest."""
+        best, kept, out = split_by_definition([m.trajectory.definition() for m in group.members])
+        if out and len(kept) < self.planner.config.groups.min_group_size:
+            kept, out = [], list(range(len(group.members)))
+        dropped = [group.members[i] for i in out]
+        if dropped:
+            self.left_out += len(dropped)
+            log.info(
+                "%s: group %s: %d of %d members left out for their reward definition (kept %s: %d)",
+                self.kind, group.key, len(dropped), len(group.members), best, len(kept),
+            )  # fmt: skip
+            for m in dropped:
+                tid = m.trajectory.trajectory_id
+                self.grouped.discard(tid)
+                self.index.pop(tid, None)
+                self.hashes.pop(m.item.digest, None)
+            group.members = [group.members[i] for i in kept]
+            group.complete = False  # it did not reach its size under one definition
+        if not group.members:
+            return
         self.groups.append(group)
         if self.ready_since is None:
             self.ready_since = now
@@ -215,6 +303,7 @@ class GroupLane(Lane):
                 len(group.members),
             )
             self._ready(group, now)
+        self._release_held(now, force)
         count = sum(len(g.members) for g in self.groups)
         waited = (
             self.ready_since is not None and now - self.ready_since >= self.planner.config.flush_interval_s
@@ -233,17 +322,27 @@ class GroupLane(Lane):
         for g in groups:
             rows += self.rows(g)
         entries = [m.item for g in groups for m in g.members]
+        definitions = {
+            "reward_definitions": sorted({m.trajectory.definition() for g in groups for m in g.members}),
+            "left_out_by_definition": self.left_out,
+        }
+        self.left_out = 0
         extra = {
             "groups": len(groups),
             "incomplete_groups": sum(1 for g in groups if not g.complete),
             "training_step": self.planner.training_step,
             "current_policy": self.planner.current_policy,
-        }
-        return PlannedBatch(self.kind, rows, entries, self.spec.settings(self.planner.config), extra)
+        } | definitions
+        settings = self.spec.settings(self.planner.config) | definitions
+        return PlannedBatch(self.kind, rows, entries, settings, extra)
 
     def rows(self, group: Group[Entry]) -> list[dict[str, Any]]:
         context = replace(self.planner.context(), complete=group.complete)
         return self.spec.rows(self.builder, group.trajectories, context)
+
+
+def _definitions(group: Group[Entry]) -> set[str]:
+    return {m.trajectory.definition() for m in group.members}
 
 
 class Planner:
