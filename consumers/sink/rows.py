@@ -63,7 +63,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "trajectory_id revision event_id occurred_at task_id task domain agent model policy_version "
         "group_id success total_steps outcome_score process_score efficiency_score total_reward "
         "complete missing reward_version calibration_version started_at ended_at "
-        "step_process_scores steps metadata"
+        "step_process_scores steps metadata reward_definition step_layers step_missing_layers "
+        "missing_layers"
     ),
     "batches": _columns(
         "batch_id event_id occurred_at kind path format row_count trajectory_ids source_offsets "
@@ -178,12 +179,25 @@ def annotation_row(e: FeedbackAnnotation) -> Row:
     return _row("annotations", e)
 
 
+def _missing_layer_counts(e: TrajectoryScored) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for s in e.steps:
+        for layer in s.missing_layers:
+            counts[layer] = counts.get(layer, 0) + 1
+    return counts
+
+
 def trajectory_row(e: TrajectoryScored) -> Row:
+    """Layers as of schema 1.2; an older event gets the layers and definition its scores imply
+    (`present_layers`, `definition`) and no missing reasons (it did not state them)."""
     steps = [s.model_dump(mode="json", exclude={"token_ids", "logprobs"}) for s in e.steps]
     return _row(
         "trajectories", e, success=_flag(e.success), complete=int(e.complete), missing=list(e.missing),
         step_process_scores=[s.process_score for s in e.steps], steps=_json(steps),
-        metadata=_json(e.metadata),
+        metadata=_json(e.metadata), reward_definition=e.definition(),
+        step_layers=[s.present_layers() for s in e.steps],
+        step_missing_layers=[dict(s.missing_layers) for s in e.steps],
+        missing_layers=_missing_layer_counts(e),
     )  # fmt: skip
 
 

@@ -150,6 +150,32 @@ def test_trajectory_row_carries_revision_and_step_process_scores():
     assert [s["step_index"] for s in orjson.loads(row["steps"])] == [0, 1]
 
 
+def test_trajectory_row_carries_the_reward_layers_and_the_definition():
+    judged = ScoredStep(step_index=0, rule_score=1.0, judge_score=0.5, layers=["rules", "judge"])
+    failed = ScoredStep(
+        step_index=1, rule_score=0.5, layers=["rules"], missing_layers={"judge": "failed (error): timeout"}
+    )
+    event = TrajectoryScored(
+        event_id="t2", task_id="task", steps=[judged, failed], reward_version="assembly-1+rules-1",
+        reward_definition="rules+judge(partial)@assembly-1+rules-1", **ENV,
+    )  # fmt: skip
+    row = _typed(event)
+    assert row["reward_definition"] == "rules+judge(partial)@assembly-1+rules-1"
+    assert row["step_layers"] == [["rules", "judge"], ["rules"]]
+    assert row["step_missing_layers"] == [{}, {"judge": "failed (error): timeout"}]
+    assert row["missing_layers"] == {"judge": 1}
+
+
+def test_a_trajectory_from_before_1_2_gets_the_layers_its_scores_imply():
+    old = TrajectoryScored(
+        event_id="t1", task_id="task", schema_version="1.1", reward_version="assembly-1+rules-1",
+        steps=[ScoredStep(step_index=0, rule_score=1.0), ScoredStep(step_index=1, rule_score=0.5)], **ENV,
+    )  # fmt: skip
+    row = _typed(old)
+    assert row["reward_definition"] == "rules@assembly-1+rules-1"
+    assert row["step_layers"] == [["rules"], ["rules"]] and row["missing_layers"] == {}
+
+
 def test_unknown_event_types_still_land_in_events():
     class Later(EpisodeEnded):
         pass
