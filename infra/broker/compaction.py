@@ -292,7 +292,6 @@ def compact_log(plog, now_ms: int | None = None) -> CleanStats | None:
     if not stats.groups_skipped:
         write_checkpoint(directory, segments[-1].next_offset, plan.tombstone_due_ms)
     stats.seconds = time.monotonic() - started
-    stats.segments_after = len(plog.cleanable_segments(now_ms))
     log.info(
         "compacted %s up to offset %d: %d -> %d records, %d -> %d bytes, %d -> %d segments in %.2fs",
         directory.name,
@@ -316,6 +315,8 @@ def _clean_group(plog, segments: list, plan: _Pass, stats: CleanStats) -> int:
             group, changed = _write_group(segments, plan, out, plog.config.segment_bytes, stats)
         if changed and not plog.replace_segments(group, cleaned):
             stats.groups_skipped += 1
+            stats.segments_after += len(group) - 1
+        stats.segments_after += 1
     finally:
         cleaned.unlink(missing_ok=True)
     return len(group)

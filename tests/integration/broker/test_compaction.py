@@ -254,6 +254,11 @@ def test_kill9_during_and_after_compaction_keeps_every_acknowledged_latest_value
         ]
         assert leftovers == []
         assert_compacted_view(read_kafka_python(broker.bootstrap, "state"), expected, marker)
+        assert_compacted_view(read_aiokafka(broker.bootstrap, "state"), expected, marker)
+        empty = [
+            h for p in directory.glob("*.log") for h, _ in iter_batches(p.read_bytes()) if not h.record_count
+        ]
+        assert empty, "earlier producers' superseded last batches stay as empty batches, read past by both"
         logging.getLogger(__name__).info("kills while a cleaned file existed: %s", kills[:2])
     finally:
         broker.stop()

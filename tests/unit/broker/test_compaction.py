@@ -247,3 +247,20 @@ def test_split_records_returns_exact_bytes_keys_and_tombstones():
     assert [r[5] for r in records] == [False, False, True]
     assert [r[2] for r in records] == [0, 1, 2]
     assert b"".join(section[s:e] for s, e, *_ in records) == section
+
+
+def test_a_producers_superseded_last_batch_stays_empty_and_keeps_its_sequence(tmp_path):
+    plog = PartitionLog(tmp_path / "t-0", COMPACT)
+    plog.append(keyed_batch([(b"a", b"old-a"), (b"b", b"old-b")], producer=(9, 0, 0)))
+    plog.append(keyed_batch([(b"a", b"new-a"), (b"b", b"new-b")]))  # another client overwrites both
+    roll(plog)
+    compact_log(plog, NOW)
+    first = next(iter_batches(plog.read(0, 1 << 20)))[0]
+    assert (first.base_offset, first.last_offset, first.record_count) == (0, 1, 0)
+    assert [k for _, k, _ in records_of(plog)] == [b"a", b"b", b"roll"]
+    for path in (tmp_path / "t-0").glob("*.snapshot"):
+        path.unlink()
+    crash(plog)
+    reopened = PartitionLog(tmp_path / "t-0", COMPACT)
+    assert reopened.append(keyed_batch([(b"a", b"x"), (b"b", b"y")], producer=(9, 0, 0))).duplicate
+    assert not reopened.append(keyed_batch([(b"c", b"z")], producer=(9, 0, 2))).duplicate
