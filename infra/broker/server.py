@@ -77,7 +77,7 @@ class BrokerServer:
         self._background.append(loop.create_task(retention))
         # the log cleaner shares the retention check interval: both are log housekeeping
         compaction = run_periodically(
-            "compaction", cfg.retention_check_interval_ms / 1000, lambda: store.compact_all(_now_ms())
+            "compaction", cfg.log_cleaner_interval_ms / 1000, lambda: store.compact_all(_now_ms())
         )
         self._background.append(loop.create_task(compaction))
         if cfg.flush == "interval":

@@ -63,6 +63,10 @@ class BrokerConfig:
         default=5_000,
         metadata={"help": "how often old segments are checked against retention.ms / retention.bytes"},
     )
+    log_cleaner_interval_ms: int = field(
+        default=5_000,
+        metadata={"help": "how often compacted topics are checked for cleaning (cleanup.policy=compact)"},
+    )
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig, metadata={"prefix": ""})
     profile: dict[int, tuple[int, int]] = field(default_factory=lambda: dict(LEAN_PROFILE))
 

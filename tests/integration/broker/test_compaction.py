@@ -29,7 +29,7 @@ from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.integration
 
-INTERVAL = ["--retention-check-interval-ms", "200"]
+INTERVAL = ["--log-cleaner-interval-ms", "200"]
 SEGMENT_BYTES = 262_144
 
 
