@@ -15,6 +15,10 @@ The tree (each class is also importable from the module that raises it)::
         │                            names a rubric its domain does not have
         ├── ParseError               streams.judge.parse: a model reply holds no readable JSON
         ├── JudgeCallError           streams.judge.client: a judge call failed for good
+        ├── JudgeConfigError         streams.judge.config: a judge setting in the environment is invalid
+        ├── JudgePriceError          streams.judge.pricing: a budget is set but a judge model has no price
+        ├── JudgeLedgerError         streams.judge.ledger: the shared budget/cache topic could not be
+        │                            written or read back in time
         ├── CalibrationError         streams.judge.calibration: scores that cannot be calibrated
         └── AnnotationError          streams.judge.annotations: a human label is invalid
 

@@ -53,6 +53,9 @@ def register(app, config: object | None = None):
         )
         return None
     processor = build_processor(cfg)
+    from streams.judge.ledger import share_state
+
+    share_state(app, processor)  # budget + reply cache shared by replicas and restarts (docs/judge-cost.md)
     shell = _shell(app, processor)
     _add_agents(app, cfg, processor, shell)
     _add_timers(app, cfg, processor, shell)

@@ -4,10 +4,9 @@
   would bill).
 - `python -m tests.support.judge_budget --bootstrap-servers B --data-dir D --judge-rules R
   [--clock-offset-s S]`: one judge worker process, as `agentstream worker --roles judge` runs it,
-  with the judge's shared budget and reply cache (`streams.judge.ledger.share_state`) and its
-  budget clock shifted by S seconds (so a test picks where in the hour it runs, and can move to
-  the next hour). TODO(#17): once streams/judge/role.py calls `share_state` itself, the worker part
-  of this module becomes `agentstream worker --roles judge` plus the clock.
+  with the judge's shared budget and reply cache (`streams.judge.ledger.share_state`, which the
+  role sets up) and its budget clock shifted by S seconds (so a test picks where in the hour it
+  runs, and can move to the next hour).
 - `replica(...)`: such a process (a `Proc`, stopped by PID).
 """
 
@@ -60,14 +59,13 @@ def main() -> int:
     from streams import worker
     from streams.config import WorkerConfig
     from streams.judge import role
-    from streams.judge.ledger import share_state
 
     offset = timedelta(seconds=args.clock_offset_s)
 
     def register(app, config):
-        processor = role.register(app, config)
+        processor = role.register(app, config)  # shares the budget and cache (share_state)
         if processor is not None:
-            share_state(app, processor, clock=lambda: datetime.now(UTC) + offset)
+            processor.calls.budget.clock = lambda: datetime.now(UTC) + offset
         return processor
 
     stream_app.ROLE_REGISTRARS["judge"] = register
