@@ -63,7 +63,8 @@ def components(config: StackConfig) -> list[Component]:
         out.append(_server("broker", config.broker_port))
     for i in range(config.workers):
         for role in DEFAULT_ROLES:
-            out.append(Component(role if config.workers == 1 else f"{role}-{i}", ("worker", "--roles", role)))
+            args = ("worker", "--roles", role, *(("--expect-judge",) if config.judge else ()))
+            out.append(Component(role if config.workers == 1 else f"{role}-{i}", args))
     if config.judge:
         out.append(Component("judge", ("worker", "--roles", "judge")))
     if config.console:  # the console reads through the sink's endpoint: start it once the sink serves

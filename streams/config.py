@@ -49,9 +49,21 @@ class WorkerConfig:
             "help": "judge rules file: trajectories it selects wait for judge scores in the assembler",
         },
     )
+    expect_judge: bool = field(
+        default=False,
+        metadata={
+            "env": "AGENTSTREAM_EXPECT_JUDGE",
+            "help": "assembler: a judge runs beside it, so without --judge-rules the judge's default rule "
+            "(every trajectory, judged as a whole) says what to wait for (set by `up --judge` and "
+            "`worker --roles ...,judge`)",
+        },
+    )
     grace_seconds: float = field(
         default=120.0,
-        metadata={"help": "assembler: emit an incomplete trajectory after this long without new input"},
+        metadata={
+            "help": "assembler: after this long without new input, emit what is there (expected judge "
+            "results still missing are given up: docs/reward-definitions.md)"
+        },
     )
     batch_max: int = field(default=10_000, metadata={"help": "events taken from the stream per batch"})
     batch_within_s: float = field(

@@ -47,6 +47,7 @@ def supervise_roles(config: WorkerConfig, log_level: str = "INFO", clickhouse_ur
     exit stops them all and returns 1; SIGTERM / SIGINT stop them all and return 0."""
     from infra.supervisor import Component, Supervisor
 
+    config = replace(config, expect_judge=config.expect_judge or "judge" in config.roles)
     children = [
         Component(role, ("worker", *config_to_argv(replace(config, roles=(role,)))), restart="replay")
         for role in config.roles

@@ -71,11 +71,13 @@ class _Restored:
 def judge_mode_function(config: WorkerConfig):
     """`started -> judge mode or None`: whether the judge is expected to score a trajectory.
 
-    Uses `streams.judge.selection.JudgeRules` with `config.judge_rules_path`; no rules means the
-    judge is never expected (the assembler then waits only for rule rewards)."""
+    Uses `streams.judge.selection.JudgeRules` with `config.judge_rules_path`. Without a rules file
+    the judge is expected only when it runs beside the assembler (`expect_judge`), under its default
+    rule; otherwise never (the assembler then waits only for rule rewards)."""
     from streams.judge.selection import JudgeRules
 
-    rules = JudgeRules.load(config.judge_rules_path)
+    load = JudgeRules.for_judge if config.expect_judge else JudgeRules.load
+    rules = load(config.judge_rules_path)
     if not rules.rules:
         return lambda started: None
     return rules.mode_for
