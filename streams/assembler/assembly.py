@@ -174,7 +174,9 @@ class Assembly:
         return True
 
     def _ended(self, e: EpisodeEnded, _mode) -> bool:
-        if self.ended is not None:
+        # The longest end wins: steps that arrived after an episode ended (OTLP spans after their
+        # root) end it again with a larger total_steps; an equal or shorter one adds nothing.
+        if self.ended is not None and (e.total_steps or 0) <= (self.ended["total_steps"] or 0):
             return False
         self.ended = {
             "success": e.success,

@@ -12,10 +12,12 @@ import time
 import urllib.request
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan
 
 from infra.stack import StackSupervisor, embedded_config
 from tests.support.processes import free_port, wait_for
@@ -139,11 +141,49 @@ def test_an_exported_agent_trace_is_one_scored_episode_in_clickhouse(tmp_path):
         assert exporter.export(spans) == SpanExportResult.SUCCESS
         time.sleep(2)
         assert query(f"SELECT count() FROM agentstream.events WHERE trajectory_id = '{trace_id}'") == before
+        _a_late_tool_span_is_a_fifth_step(provider.get_tracer("fixer"), spans, exporter, query, trace_id)
     finally:
         provider.shutdown()
         stop.set()
         poller.join()
         supervisor.stop()
+
+
+def _a_late_tool_span_is_a_fifth_step(tracer, spans, exporter, query, trace_id: str) -> None:
+    """A tool span of the trace exported after its root (another service's, or one that outlived the
+    agent span): the next step, the episode ends again longer, a new revision is scored; no DLQ."""
+    root = next(s for s in spans if s.parent is None)
+    late = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(late))
+    context = trace.set_span_in_context(NonRecordingSpan(root.context))
+    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "bash",
+                  "gen_ai.tool.call.arguments": json.dumps({"command": "pytest -q"}),
+                  "gen_ai.tool.call.result": "12 passed"}  # fmt: skip
+    with provider.get_tracer("fixer").start_as_current_span(
+        "execute_tool bash", context, attributes=attributes
+    ):
+        pass
+    assert exporter.export(list(late.get_finished_spans())) == SpanExportResult.SUCCESS
+
+    def five_steps():
+        rows = query(
+            "SELECT complete, total_steps, revision FROM agentstream.trajectories FINAL "
+            f"WHERE trajectory_id = '{trace_id}'"
+        )
+        return rows if rows and rows[0][:2] == (1, 5) else None
+
+    assert wait_for(five_steps, timeout_s=60, interval_s=0.5, what="a revision with the late step")[0][2] >= 1
+    where = f"FINAL WHERE trajectory_id = '{trace_id}'"
+    assert query(f"SELECT total_steps FROM agentstream.episodes {where}") == [(5,)]
+    assert query(f"SELECT step_index, tool FROM agentstream.steps {where} AND step_index = 4") == [
+        (4, "bash")
+    ]
+    rewarded = wait_for(
+        lambda: query(f"SELECT count() FROM agentstream.rule_rewards {where}") == [(5,)],
+        what="5 rule rewards",
+    )
+    assert rewarded and query("SELECT count() FROM agentstream.dead_letters") == [(0,)]
 
 
 def _healthy(port: int) -> bool:
