@@ -98,6 +98,8 @@ def _reward_section(facts: dict[str, Any]) -> list[str]:
         REWARD_DEFINITION,
         "",
         f"- reward versions: {_listed(facts['reward_versions'])}",
+        f"- reward definitions (layers every step has @ version; a pair or group never mixes two): "
+        f"{_listed(facts.get('reward_definitions', []))}",
         f"- calibration versions: {_listed(facts['calibration_versions'])}",
         f"- policy versions: {_listed(facts['policy_versions'])}",
         "",

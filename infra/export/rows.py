@@ -2,7 +2,9 @@
 
 What the trainer does before it builds a batch, done here the same way: only the latest revision
 of a trajectory counts, content duplicates (same task and steps) are skipped, and trajectories are
-grouped by task (DPO) or by task and group (GRPO) before their builder sees them. GRPO rows are the
+grouped by task (DPO) or by task and group (GRPO) before their builder sees them, each group kept to
+the reward definition most of its members share (`split_by_definition`, docs/reward-definitions.md:
+a pair or a group never compares rewards of different definitions). GRPO rows are the
 builder's message rows (`retokenize`: `prompt`, `completion`, `advantage`, `reward`, ...), since
 ClickHouse keeps no token ids; TRL's GRPOTrainer reads `prompt` and hands the other columns to its
 reward functions. Pure; no I/O.
@@ -26,6 +28,7 @@ from consumers.trainer.builders import (
     reward_of,
 )
 from consumers.trainer.builders.dedup import Deduplicator
+from consumers.trainer.planner import split_by_definition
 from infra.export.config import ExportConfig
 from schemas.events import TrajectoryScored
 
@@ -80,10 +83,27 @@ def _grpo_rows(trajectories: list[TrajectoryScored]) -> list[Row]:
 
 
 def _grouped(trajectories: list[TrajectoryScored], key) -> list[list[TrajectoryScored]]:
+    """Groups by `key`, in key order, each cut to its most common reward definition."""
     groups: dict[tuple[str, ...], list[TrajectoryScored]] = defaultdict(list)
     for t in trajectories:
         groups[key(t)].append(t)
-    return [groups[k] for k in sorted(groups)]
+    return [one_definition(groups[k]) for k in sorted(groups)]
+
+
+def one_definition(group: list[TrajectoryScored]) -> list[TrajectoryScored]:
+    """The members sharing the definition most of them have (ties: more layers, then the smaller id).
+
+    >>> from schemas.events import ScoredStep
+    >>> def t(i, layers):
+    ...     return TrajectoryScored(event_id=i, trajectory_id=i, occurred_at="2026-01-01T00:00:00Z",
+    ...         producer="p", task_id="k", reward_version="v",
+    ...         steps=[ScoredStep(step_index=0, layers=layers)], reward_definition="")
+    >>> [m.trajectory_id for m in one_definition([t("a", ["rules", "judge"]), t("b", ["rules"]),
+    ...                                           t("c", ["rules", "judge"])])]
+    ['a', 'c']
+    """
+    _, kept, _ = split_by_definition([t.definition() for t in group])
+    return [group[i] for i in kept]
 
 
 def row_trajectory_ids(row: Row) -> list[str]:

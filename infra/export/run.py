@@ -141,6 +141,7 @@ def _from_clickhouse(config: ExportConfig, client, progress: Progress):
     facts = _base_facts(config) | {
         "trajectories": len(kept),
         "reward_versions": sorted({t.reward_version for t in kept if t.reward_version}),
+        "reward_definitions": sorted({t.definition() for t in kept}),
         "calibration_versions": sorted({t.calibration_version for t in kept if t.calibration_version}),
         "policy_versions": sorted({t.policy_version for t in kept if t.policy_version}),
         "source_offsets": read_offsets(client, config.reward_versions),
@@ -165,6 +166,7 @@ def _from_batches(config: ExportConfig, data_dir, progress: Progress):
     facts = _base_facts(config) | {
         "trajectories": len({i for m in ms for i in m.trajectory_ids}),
         "reward_versions": sorted({v for m in ms for v in m.reward_versions}),
+        "reward_definitions": sorted({d for m in ms for d in m.builder_config.get("reward_definitions", [])}),
         "calibration_versions": sorted({v for m in ms for v in m.calibration_versions}),
         "policy_versions": sorted({v for m in ms for v in m.policy_versions}),
         "source_offsets": offsets,

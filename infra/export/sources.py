@@ -32,8 +32,8 @@ Progress = Callable[[str], None]
 COLUMNS = (
     "trajectory_id, revision, event_id, occurred_at, task_id, task, domain, agent, model, "
     "policy_version, group_id, success, total_steps, outcome_score, process_score, efficiency_score, "
-    "total_reward, complete, missing, reward_version, calibration_version, started_at, ended_at, "
-    "steps, metadata"
+    "total_reward, complete, missing, reward_version, reward_definition, calibration_version, started_at, "
+    "ended_at, steps, metadata"
 )
 FILTER = (
     "complete = 1 AND (length({versions:Array(String)}) = 0 OR has({versions:Array(String)}, reward_version))"
