@@ -126,6 +126,7 @@ def build_preferences(
     without them, among the scored trajectories in ClickHouse (of `task_id`, at most `limit`)."""
     from consumers.errors import ConsumerConfigError
     from consumers.trainer.builders.dpo import DPOPairBuilder, DPOPairConfig, StepPairBuilder
+    from infra.export.rows import one_definition
 
     try:
         dpo = DPOPairConfig(min_margin=min_margin, strategy=strategy, max_pairs_per_group=max_pairs)
@@ -140,7 +141,8 @@ def build_preferences(
         if not task_id or t.task_id == task_id:
             groups[t.task_id].append(t)
     builder = StepPairBuilder(dpo) if level == "step" else DPOPairBuilder(dpo)
-    pairs = [row for _, group in sorted(groups.items()) for row in builder.build(group)]
+    # a pair compares two rewards of one definition (docs/reward-definitions.md), as the trainer's do
+    pairs = [row for _, group in sorted(groups.items()) for row in builder.build(one_definition(group))]
     return {"level": level, "trajectories": len(scored), "tasks": len(groups), "pairs": jsonable(pairs)}
 
 
