@@ -29,7 +29,9 @@ every step has and the reward version (`schemas.events.reward_definition`).
 Ids: `derived_event_id("trajectory.scored", trajectory_id, revision, content_hash)`, and `occurred_at`
 is the latest `occurred_at` of the joined input, so a replay of the same input recreates the same
 ids and bytes. Which input an *incomplete* (grace) emission saw depends on timing, so only emissions
-made with nothing left to wait for are guaranteed to be reproduced by a replay.
+made with nothing left to wait for are guaranteed to be reproduced by a replay. The content holds
+`reward_version` (`assembly-1+<rule version>`), so an assembly under another rule version (a replay)
+has other ids.
 
 Scores (`score_trajectory`; arithmetic in streams/assembler/scoring.py):
 - step process score = weighted mean of the layers present: rule (`reward.rule.step.score`), judge
@@ -272,15 +274,19 @@ class Assembly:
         now: float,
         grace_s: float,
         clock_floor: float = 0.0,
+        rule_version: str | None = None,
     ) -> TrajectoryScored | None:
         """The `trajectory.scored` to emit now, if any (and records it as emitted).
 
         `clock_floor`: the grace period never counts from before this time (a restarted worker
-        passes its start time, so trajectories restored from the table get a full grace period)."""
+        passes its start time, so trajectories restored from the table get a full grace period).
+        `rule_version`: the rule version this assembly is for (`score_trajectory`)."""
         quiet = now - max(self.last_change, clock_floor) >= grace_s
         if self.missing() and not quiet:
             return None
-        content = score_trajectory(self, trajectory_id, profiles, calibrations, wait_s=grace_s)
+        content = score_trajectory(
+            self, trajectory_id, profiles, calibrations, wait_s=grace_s, rule_version=rule_version
+        )
         digest = content_hash(content)
         if digest == self.emitted_hash:
             return None
@@ -412,10 +418,14 @@ def score_trajectory(
     profiles: ProfileRegistry,
     calibrations: Calibrations,
     wait_s: float | None = None,
+    rule_version: str | None = None,
 ) -> TrajectoryScored:
     """The trajectory's content (event_id and revision are filled in by `Assembly.decide`).
 
-    `wait_s`: the wait that ran out for what is still absent (named in the missing reasons)."""
+    `wait_s`: the wait that ran out for what is still absent (named in the missing reasons).
+    `rule_version`: the rule version the assembler takes (it drops rule rewards of other versions),
+    so `reward_version` is `assembly-1+<rule_version>` even before any rule reward arrived; None
+    (pure callers) names the versions of the rule rewards folded in."""
     started = a.started or {}
     domain = started.get("domain") or "generic"
     profile = profiles.get(domain)
@@ -426,7 +436,8 @@ def score_trajectory(
     process = round(sum(present) / len(present), 6) if present else None
     outcome = outcome_of(a.ended, profile)
     eff = round6(efficiency(started.get("reference_steps"), n)) if a.started else None
-    reward_version = "+".join([ASSEMBLY_VERSION, *sorted({r["version"] for r in a.rules.values()})])
+    versions_in = [rule_version] if rule_version else sorted({r["version"] for r in a.rules.values()})
+    reward_version = "+".join([ASSEMBLY_VERSION, *versions_in])
     return TrajectoryScored(
         event_id="pending",
         trajectory_id=trajectory_id,

@@ -5,6 +5,12 @@ No faust, no I/O; the grace-period timer calls `expire`.
 The role's stable name `assembler` is its faust app id / consumer group, its table, its log lines
 and its dead letters' `stage`. Calibration maps (`calibration.updated` on feedback.human) are kept in
 the same table under `calibration:<domain>:<rubric>` keys, so a restarted worker keeps applying them.
+
+One assembler assembles under one rule version (`rule_version`, the worker's `--reward-version`):
+`reward.rule.step` events of other versions are dropped before they reach a trajectory (not a
+conflict, not a change), so a replay publishing rewards under a new version beside the live stack
+(`agentstream replay`) never alters the live trajectories, and the replay's own assembler takes
+only the new ones. `None` (pure callers) takes the first rule reward of a step, whatever its version.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 import orjson
 
 from schemas import topics
-from schemas.events import EpisodeStarted
+from schemas.events import EpisodeStarted, RuleRewardStep
 from schemas.records import Record
 from streams.assembler.assembly import JOINED_TYPES, Assembly, Calibrations
 from streams.batch import BatchResult, StateGetter, by_trajectory, decode_records, letter_for
@@ -48,8 +54,10 @@ class TrajectoryAssembler:
         judge_mode: Callable[[EpisodeStarted], str | None] = lambda started: None,
         calibrations: Calibrations | None = None,
         clock: Callable[[], float] = time.time,
+        rule_version: str | None = None,
     ):
         self.profiles = profiles
+        self.rule_version = rule_version
         self.grace_s = grace_s
         self.judge_mode = judge_mode
         self.calibrations = calibrations or Calibrations()
@@ -62,12 +70,16 @@ class TrajectoryAssembler:
         result = BatchResult()
         now = self.clock()
         pairs = list(decode_records(self.name, records, self.accepted, result))
-        joinable = []
+        joinable, other_versions = [], 0
         for rec, event in pairs:
             if event.type == CALIBRATION_TYPE:
                 self._calibration(rec, event, result)
+            elif self._other_version(event):
+                other_versions += 1
             else:
                 joinable.append((rec, event))
+        if other_versions:
+            log.debug("%s: %d rule rewards of other versions skipped", self.name, other_versions)
         assert set(JOINED_TYPES) >= {e.type for _, e in joinable}
         for tid, items in by_trajectory(joinable).items():
             key = tid.encode()
@@ -84,11 +96,21 @@ class TrajectoryAssembler:
                 result.updates[key] = orjson.dumps(state.to_dict())
         return result
 
+    def _other_version(self, event: Any) -> bool:
+        """A rule reward of a version this assembler does not assemble under."""
+        return (
+            self.rule_version is not None
+            and isinstance(event, RuleRewardStep)
+            and event.reward_version != self.rule_version
+        )
+
     def _load(self, raw: bytes | None) -> Assembly:
         return Assembly.from_dict(orjson.loads(raw)) if raw else Assembly()
 
     def _emit(self, tid: str, state: Assembly, now: float, result: BatchResult) -> None:
-        scored = state.decide(tid, self.profiles, self.calibrations, now, self.grace_s, self.started_at)
+        scored = state.decide(
+            tid, self.profiles, self.calibrations, now, self.grace_s, self.started_at, self.rule_version
+        )
         if scored is not None:
             result.outputs.append(scored)
         key = tid.encode()
@@ -109,7 +131,9 @@ class TrajectoryAssembler:
                 self.open.pop(key, None)
                 continue
             state = self._load(raw)
-            scored = state.decide(key.decode(), self.profiles, self.calibrations, now, self.grace_s, floor)
+            scored = state.decide(
+                key.decode(), self.profiles, self.calibrations, now, self.grace_s, floor, self.rule_version
+            )
             self.open.pop(key, None)
             if scored is not None:
                 result.outputs.append(scored)

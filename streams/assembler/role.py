@@ -21,7 +21,12 @@ log = logging.getLogger(__name__)
 def register(app, config: WorkerConfig) -> TrajectoryAssembler:
     """Add the `assembler` agent and its grace timer to `app`; returns its processor."""
     profiles = ProfileRegistry.from_file(config.profiles_path)
-    processor = TrajectoryAssembler(profiles, config.grace_seconds, judge_mode=judge_mode_function(config))
+    processor = TrajectoryAssembler(
+        profiles,
+        config.grace_seconds,
+        judge_mode=judge_mode_function(config),
+        rule_version=config.reward_version,  # rule rewards of other versions are not this assembly's
+    )
     shell = BatchShell(app, processor.name, config.partitions)
     get_state, restored = shell.get(), _Restored(processor, shell)
 
