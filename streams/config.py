@@ -98,6 +98,14 @@ class WorkerConfig:
             "`agentstream replay` runs roles under a fresh one"
         },
     )
+    ledger_prefix: str = field(
+        default="agentstream-judge",  # = streams.judge.ledger.LEDGER_PREFIX, the live judge's app id
+        metadata={
+            "help": "judge: the shared spend budget and reply cache are the topics `<prefix>-budget` and "
+            "`<prefix>-cache`, whatever the app prefix, so every judge of a deployment (replicas, "
+            "restarts, `agentstream replay --roles judge`) shares them (docs/judge-cost.md)"
+        },
+    )
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):

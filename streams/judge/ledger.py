@@ -1,11 +1,15 @@
 """The judge's cost state in the log, shared by every replica and every restart: the spend budget
 and the reply cache (issue #17).
 
-Two single-partition topics per judge app, named after it like its changelogs:
+Two single-partition topics per deployment, named after the live judge app, `agentstream-judge`
+(`LEDGER_PREFIX`; the worker's `--ledger-prefix`, `WorkerConfig.ledger_prefix`), whatever app id
+the judge runs under: a replay's judge (`agentstream replay --roles judge`, app id
+`agentstream-replay-<version>-<stamp>-judge`) reads the live judge's reply cache, so unchanged
+inputs cost nothing, and spends from the same budget.
 
-- `<app id>-budget` (delete, kept 50 h: a day window plus slack): the budget book's records,
+- `<prefix>-budget` (delete, kept 50 h: a day window plus slack): the budget book's records,
   `reserve` before a call and `settle` after it (streams/judge/budget.py).
-- `<app id>-cache` (compact + delete, kept 30 days like agent.events, so replaying the log
+- `<prefix>-cache` (compact + delete, kept 30 days like agent.events, so replaying the log
   within its retention pays for nothing twice): content hash -> reply text.
 
 Every judge process reads both topics in full, with its own consumer outside the role's consumer
@@ -34,7 +38,7 @@ A process that cannot publish or read back within `timeout_s` raises `JudgeLedge
 batch then fails and the role exits to be restarted from its committed offsets (no call is made
 without a decision).
 
-`share_state(app, processor)` swaps a judge processor's in-memory budget and cache for these.
+`share_state(app, processor, prefix)` swaps a judge processor's in-memory budget and cache for these.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from streams.judge.cache import ReplyCache
 
 log = logging.getLogger(__name__)
 
+LEDGER_PREFIX = "agentstream-judge"  # the live judge's app id; WorkerConfig.ledger_prefix's default
 BUDGET_SUFFIX = "budget"
 CACHE_SUFFIX = "cache"
 BUDGET_KEY = b"budget"
@@ -72,11 +77,15 @@ class JudgeLedgerError(StreamsError):
     """The shared budget or cache topic could not be written or read back in time."""
 
 
-def topic_specs(app_id: str) -> list[TopicSpec]:
-    """The two topics of the judge app `app_id` (internal: named after the app, not in the registry)."""
+def topic_specs(prefix: str) -> list[TopicSpec]:
+    """The two topics under `prefix` (internal: named after the live judge app, not in the registry).
+
+    >>> [spec.name for spec in topic_specs(LEDGER_PREFIX)]
+    ['agentstream-judge-budget', 'agentstream-judge-cache']
+    """
     return [
         TopicSpec(
-            f"{app_id}-{BUDGET_SUFFIX}",
+            f"{prefix}-{BUDGET_SUFFIX}",
             (),
             partitions=1,
             key="budget",
@@ -84,7 +93,7 @@ def topic_specs(app_id: str) -> list[TopicSpec]:
             description="judge spend reservations and settlements (one partition: one order)",
         ),
         TopicSpec(
-            f"{app_id}-{CACHE_SUFFIX}",
+            f"{prefix}-{CACHE_SUFFIX}",
             (),
             partitions=1,
             key="content hash",
@@ -97,13 +106,13 @@ def topic_specs(app_id: str) -> list[TopicSpec]:
 class JudgeLedger:
     """One process's reader and writer of the budget and cache topics."""
 
-    def __init__(self, bootstrap: str, app_id: str, *, cache_entries: int, timeout_s: float = 30.0):
+    def __init__(self, bootstrap: str, prefix: str, *, cache_entries: int, timeout_s: float = 30.0):
         self.bootstrap, self.timeout_s = bootstrap, timeout_s
-        self.specs = topic_specs(app_id)
+        self.specs = topic_specs(prefix)
         self.budget_topic, self.cache_topic = (spec.name for spec in self.specs)
         self.book = BudgetBook()
         self.replies = ReplyCache(cache_entries)
-        self.client_id = f"{app_id}-ledger"
+        self.client_id = f"{prefix}-ledger"
         self._waiters: dict[str, asyncio.Future] = {}
         self.settled = asyncio.Event()  # set on every settlement read (any replica's)
         self._opening: asyncio.Future | None = None
@@ -286,13 +295,20 @@ class SharedReplyCache(ReplyCache):
         await self.ledger.store_reply(key, text)
 
 
-def share_state(app, processor, *, clock: Callable[[], datetime] | None = None) -> JudgeLedger:
+def share_state(
+    app,
+    processor,
+    prefix: str | None = None,
+    *,
+    clock: Callable[[], datetime] | None = None,
+) -> JudgeLedger:
     """Give a judge processor registered on the faust `app` the shared budget and reply cache
-    (topics named after the app id, on the app's broker). Opened on the first call, closed when
-    the app shuts down. `clock` (tests) sets the budget's time."""
+    (topics `<prefix>-budget` / `<prefix>-cache`, `LEDGER_PREFIX` when None, on the app's broker;
+    not named after the app id, so a replay's judge shares them with the live one). Opened on the
+    first call, closed when the app shuts down. `clock` (tests) sets the budget's time."""
     config = processor.config
     bootstrap = ",".join(f"{url.host}:{url.port}" for url in app.conf.broker)
-    ledger = JudgeLedger(bootstrap, app.conf.id, cache_entries=config.cache_entries)
+    ledger = JudgeLedger(bootstrap, prefix or LEDGER_PREFIX, cache_entries=config.cache_entries)
     processor.calls.budget = SharedBudget(
         ledger, config.budget_usd_per_hour, config.budget_usd_per_day, clock or utc_now
     )

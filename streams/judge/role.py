@@ -55,7 +55,8 @@ def register(app, config: object | None = None):
     processor = build_processor(cfg)
     from streams.judge.ledger import share_state
 
-    share_state(app, processor)  # budget + reply cache shared by replicas and restarts (docs/judge-cost.md)
+    # budget + reply cache shared by replicas, restarts and replays (docs/judge-cost.md)
+    share_state(app, processor, getattr(config, "ledger_prefix", None))
     shell = _shell(app, processor)
     _add_agents(app, cfg, processor, shell)
     _add_timers(app, cfg, processor, shell)
