@@ -1,21 +1,28 @@
 """`agentstream replay`: recompute derived topics from the log under a reward version (issue #17).
 
-A replay runs a stream role as a worker of its own consumer group, `agentstream-replay-<version>-
+A replay runs each stream role as a worker of its own consumer group, `agentstream-replay-<version>-
 <run>-<role>` (a fresh group and fresh state each run), from the beginning of its source topics or
 from the first record at or after `--since`, and writes to the same derived topics as the live role.
-It stops once the group has committed every source partition up to the end offsets read when the
-replay started (records published later are the live role's business), printing progress and lag.
+It stops once the groups have committed every source partition up to the end offsets read when the
+replay started (records published later are the live roles' business), printing progress and lag.
 
 Why the results can be compared: a derived event's id is a function of its input and its version
-(the rules: `derived_event_id("reward.rule.step", source_event_id, reward_version)`), so a replay
-under the same version re-publishes identical events, which every store drops by `event_id`, and a
-replay under a new version adds events with new ids beside the old ones (ClickHouse keeps both,
-`reward_version` tells them apart).
+(the rules: `derived_event_id("reward.rule.step", source_event_id, reward_version)`; the judge: the
+target, its source event, prompt version, model, mode and rubrics; the assembler: the trajectory,
+revision and content, which holds `reward_version` = `assembly-1+<rule version>`), so a replay under
+the same version re-publishes events with the same ids, which every store drops by `event_id`, and a
+replay under a new version adds events with new ids beside the old ones.
 
-Roles: `rules` now. The assembler, the judge and the trainer need their inputs filtered by version
-first (the live assembler must not take a replay's rule rewards), which is the rest of issue #17;
-asking for them is an error that says so. This module owns the plan (offsets, group names), the lag
-and the run loop; the worker itself is `agentstream worker` in a child process (infra.supervisor).
+Roles (`SOURCES`): `rules`, `judge` (its reply cache and budget are the live judge's: unchanged
+inputs cost nothing), `assembler` (it takes only rule rewards of its version, so it never mixes
+versions, and the live assembler never takes a replay's). They run in two phases (`PHASES`): the
+producers of rewards first, then the assembler, whose derived sources (`UPSTREAM`: reward.rule,
+reward.judge) are measured again once they are done, so it reads every reward the replay made.
+A role's own internal topics (`INTERNAL`: the judge's group-mode forwards) are measured once its
+sources are caught up. `trainer` is refused with the reason (`NOT_YET`).
+
+This module owns the plan (offsets, group names), the lag and the wait; the workers themselves are
+`agentstream worker` in child processes (infra.supervisor, run by infra/commands/replay.py).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from infra.errors import InfraError
@@ -32,10 +39,20 @@ from schemas import topics
 log = logging.getLogger(__name__)
 
 # The topics each role consumes (the faust agents' sources), whose progress measures a replay.
-SOURCES: dict[str, tuple[str, ...]] = {"rules": (topics.AGENT_EVENTS,)}
+SOURCES: dict[str, tuple[str, ...]] = {
+    "rules": (topics.AGENT_EVENTS,),
+    "judge": (topics.AGENT_EVENTS,),
+    "assembler": (topics.AGENT_EVENTS, topics.REWARD_RULE, topics.REWARD_JUDGE, topics.FEEDBACK_HUMAN),
+}
+# Sources that replayed roles write to while the replay runs: source -> the role writing it.
+UPSTREAM: dict[str, dict[str, str]] = {
+    "assembler": {topics.REWARD_RULE: "rules", topics.REWARD_JUDGE: "judge"},
+}
+# A role's own topics, `<its app id>-<suffix>` (streams/shell.py `internal_topic`), that it reads too.
+INTERNAL: dict[str, tuple[str, ...]] = {"judge": ("judge-groups",)}
+# Roles of a phase run together; a phase starts when the one before it is caught up.
+PHASES: tuple[tuple[str, ...], ...] = (("rules", "judge"), ("assembler",))
 NOT_YET = {
-    "assembler": "the assembler does not yet keep one assembly per rule version",
-    "judge": "the judge's cache is not yet shared with a replay",
     "trainer": "the trainer does not yet select trajectories by reward version",
 }
 
@@ -58,17 +75,57 @@ class ReplayPlan:
     def group(self, role: str) -> str:
         return f"{self.app_prefix}-{role}"
 
+    def topics(self, role: str) -> tuple[str, ...]:
+        """What `role` reads: its sources and its own internal topics.
+
+        >>> ReplayPlan(("judge",), "v", "p").topics("judge")
+        ('agent.events', 'p-judge-judge-groups')
+        """
+        return SOURCES[role] + tuple(f"{self.group(role)}-{s}" for s in INTERNAL.get(role, ()))
+
     @property
     def total(self) -> int:
-        """Records to read per role (summed over its source partitions)."""
+        """Records to read (summed over every source partition of the replay's roles)."""
         return sum(max(0, self.ends[tp] - self.starts.get(tp, 0)) for tp in self.ends)
+
+    def total_for(self, role: str) -> int:
+        """Records `role` has to read (summed over its partitions known so far)."""
+        mine = self.topics(role)
+        return sum(max(0, end - self.starts.get(tp, 0)) for tp, end in self.ends.items() if tp[0] in mine)
+
+    def with_ends(self, ends: dict[tuple[str, int], int]) -> ReplayPlan:
+        """The plan with later end offsets for some partitions (never earlier ones)."""
+        merged = dict(self.ends)
+        for tp, end in ends.items():
+            merged[tp] = max(end, merged.get(tp, 0))
+        return replace(self, ends=merged)
+
+
+def phases(roles: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The replay's roles in the order they run (`PHASES`), empty phases left out.
+
+    >>> phases(("assembler", "rules")), phases(("judge",))
+    ([('rules',), ('assembler',)], [('judge',)])
+    """
+    ordered = [tuple(r for r in phase if r in roles) for phase in PHASES]
+    return [phase for phase in ordered if phase]
+
+
+def upstream_topics(plan: ReplayPlan, role: str, done: tuple[str, ...]) -> tuple[str, ...]:
+    """`role`'s sources written by replayed roles in `done`: their ends are read again before it runs.
+
+    >>> plan = ReplayPlan(("rules", "assembler"), "v", "p")
+    >>> upstream_topics(plan, "assembler", ("rules",)), upstream_topics(plan, "assembler", ())
+    (('reward.rule',), ())
+    """
+    return tuple(topic for topic, writer in UPSTREAM.get(role, {}).items() if writer in done)
 
 
 def check_roles(roles: tuple[str, ...]) -> tuple[str, ...]:
     """The roles, checked: known and replayable now.
 
-    >>> check_roles(("rules",))
-    ('rules',)
+    >>> check_roles(("rules", "assembler"))
+    ('rules', 'assembler')
     """
     for role in roles:
         if role in NOT_YET:
@@ -76,8 +133,21 @@ def check_roles(roles: tuple[str, ...]) -> tuple[str, ...]:
         if role not in SOURCES:
             raise ReplayError(f"--roles: unknown role {role!r} (replayable: {', '.join(SOURCES)})")
     if not roles:
-        raise ReplayError("--roles: name at least one role (replayable: rules)")
+        raise ReplayError(f"--roles: name at least one role (replayable: {', '.join(SOURCES)})")
     return roles
+
+
+def check_judge() -> None:
+    """A judge replay needs the judge on (an API key in the environment): a judge worker without
+    one subscribes to nothing, and the replay would wait for it forever."""
+    from streams.judge.config import read_config
+
+    config = read_config()
+    if not config.enabled:
+        raise ReplayError(
+            f"--roles judge: the judge is off without an API key (AGENTSTREAM_JUDGE_API_KEY or "
+            f"{config.key_variable} for provider {config.provider!r}); set the live judge's settings"
+        )
 
 
 def app_prefix(reward_version: str, now: datetime | None = None) -> str:
@@ -98,16 +168,15 @@ def make_plan(
     bootstrap: str, roles: tuple[str, ...], reward_version: str, since: datetime | None = None
 ) -> ReplayPlan:
     """Read the source partitions' end offsets (and, with `since`, the first offset at or after it)."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import KafkaConsumer
+
+    from clients.kafka import ensure_topics
 
     roles = check_roles(roles)
+    ensure_topics(bootstrap)  # a source no one wrote yet (reward.judge without a judge) is empty, not absent
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="agentstream-replay")
     try:
-        partitions = [
-            TopicPartition(topic, p)
-            for topic in sorted({t for role in roles for t in SOURCES[role]})
-            for p in sorted(consumer.partitions_for_topic(topic) or ())
-        ]
+        partitions = _partitions(consumer, sorted({t for role in roles for t in SOURCES[role]}))
         if not partitions:
             raise ReplayError(f"no source partitions on {bootstrap} (topics {SOURCES[roles[0]]})")
         ends = {(tp.topic, tp.partition): n for tp, n in consumer.end_offsets(partitions).items()}
@@ -120,6 +189,27 @@ def make_plan(
     finally:
         consumer.close()
     return ReplayPlan(roles, reward_version, app_prefix(reward_version), starts, ends)
+
+
+def _partitions(consumer, names: list[str]) -> list:
+    from kafka import TopicPartition
+
+    return [TopicPartition(t, p) for t in names for p in sorted(consumer.partitions_for_topic(t) or ())]
+
+
+def read_ends(bootstrap: str, names: tuple[str, ...]) -> dict[tuple[str, int], int]:
+    """The end offsets of the topics' partitions now (a topic that does not exist has none)."""
+    from kafka import KafkaConsumer
+
+    if not names:
+        return {}
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="agentstream-replay")
+    try:
+        partitions = _partitions(consumer, sorted(names))
+        found = consumer.end_offsets(partitions) if partitions else {}
+        return {(tp.topic, tp.partition): n for tp, n in found.items()}
+    finally:
+        consumer.close()
 
 
 def commit_starts(bootstrap: str, plan: ReplayPlan) -> None:
@@ -144,16 +234,17 @@ def commit_starts(bootstrap: str, plan: ReplayPlan) -> None:
 
 
 def remaining(committed: dict[tuple[str, int], int], plan: ReplayPlan, role: str) -> int:
-    """Records of `role`'s sources still to read: end minus the committed (or start) offset.
+    """Records of `role`'s topics still to read: end minus the committed (or start) offset.
 
     >>> plan = ReplayPlan(("rules",), "v", "p", {("agent.events", 0): 2}, {("agent.events", 0): 10})
     >>> remaining({}, plan, "rules"), remaining({("agent.events", 0): 7}, plan, "rules")
     (8, 3)
     """
+    mine = plan.topics(role)
     return sum(
         max(0, end - max(committed.get(tp, 0), plan.starts.get(tp, 0)))
         for tp, end in plan.ends.items()
-        if tp[0] in SOURCES[role]
+        if tp[0] in mine
     )
 
 
@@ -168,37 +259,56 @@ class Progress:
     done: int
     total: int
     lag: int
-    rate: float  # records/s since the replay started
+    rate: float  # records/s since the phase started
 
 
 def follow(
     bootstrap: str,
     plan: ReplayPlan,
+    roles: tuple[str, ...],
     alive: Callable[[], bool],
     on_progress: Callable[[Progress], None],
     interval_s: float = 1.0,
-    timeout_s: float | None = None,
-) -> None:
-    """Poll the groups' committed offsets until every role is caught up with the plan's ends.
-    `alive()` False (the worker exited for good) or the timeout raise `ReplayError`."""
+    deadline: float | None = None,
+) -> ReplayPlan:
+    """Poll the groups' committed offsets until every role in `roles` is caught up with the plan's
+    ends. Once a role's sources are caught up, the ends of its internal topics (`INTERNAL`) are read
+    and it must reach those too; the plan returned holds them. `alive()` False (a worker exited for
+    good) or passing `deadline` (time.monotonic()) raise `ReplayError`."""
     from kafka import KafkaAdminClient
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="agentstream-replay")
     started = time.monotonic()
+    unmeasured = {role for role in roles if INTERNAL.get(role)}  # internal topics not measured yet
     try:
         while True:
-            lags = {
-                role: remaining(committed_offsets(admin, plan.group(role)), plan, role) for role in plan.roles
-            }
+            lags = {role: remaining(committed_offsets(admin, plan.group(role)), plan, role) for role in roles}
+            for role in [r for r in unmeasured if not lags[r]]:
+                unmeasured.discard(role)
+                plan = plan.with_ends(read_ends(bootstrap, plan.topics(role)[len(SOURCES[role]) :]))
+                lags[role] = remaining(committed_offsets(admin, plan.group(role)), plan, role)
             elapsed = max(1e-6, time.monotonic() - started)
             for role, lag in lags.items():
-                on_progress(Progress(role, plan.total - lag, plan.total, lag, (plan.total - lag) / elapsed))
-            if not any(lags.values()):
-                return
+                total = plan.total_for(role)
+                on_progress(Progress(role, total - lag, total, lag, (total - lag) / elapsed))
+            if not any(lags.values()) and not unmeasured:
+                return plan
             if not alive():
-                raise ReplayError("the replay worker exited before catching up (see its log above)")
-            if timeout_s is not None and elapsed > timeout_s:
-                raise ReplayError(f"not caught up after {timeout_s:.0f}s (lag {sum(lags.values())})")
+                raise ReplayError("a replay worker exited before catching up (see its log above)")
+            if deadline is not None and time.monotonic() > deadline:
+                raise ReplayError(f"not caught up before the timeout (lag {sum(lags.values())})")
             time.sleep(interval_s)
     finally:
         admin.close()
+
+
+def linger(seconds: float, alive: Callable[[], bool], deadline: float | None = None) -> None:
+    """Keep the workers running `seconds` more (the assembler's grace period: what is still
+    incomplete is emitted then); a worker that exits or passing `deadline` raise `ReplayError`."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        if not alive():
+            raise ReplayError("a replay worker exited during the grace period (see its log above)")
+        if deadline is not None and time.monotonic() > deadline:
+            raise ReplayError("the timeout passed during the assembler's grace period")
+        time.sleep(min(0.5, max(0.0, until - time.monotonic())))

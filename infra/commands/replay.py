@@ -20,10 +20,13 @@ def register(sub) -> None:
         sub,
         "replay",
         run_replay,
-        "recompute rule rewards from the log under a reward version, as a separate consumer group",
+        "recompute rewards and trajectories from the log under a reward version, as separate consumer groups",
     )
     parser.add_argument(
-        "--roles", default="rules", help="comma-separated roles to replay (replayable now: rules)"
+        "--roles",
+        default="rules",
+        help="comma-separated roles to replay: rules, judge, assembler (rules and judge run first, "
+        "then the assembler)",
     )
     parser.add_argument(
         "--reward-version",
@@ -40,7 +43,28 @@ def register(sub) -> None:
         help="start at the first record at or after this time (ISO 8601, UTC if no zone)",
     )
     parser.add_argument(
-        "--profiles", default=None, help="rules: a reward-profiles file for the new version (YAML/JSON)"
+        "--profiles",
+        default=None,
+        help="rules, assembler: a reward-profiles file for the new version (YAML/JSON)",
+    )
+    parser.add_argument(
+        "--judge-rules",
+        default=None,
+        help="judge, assembler: the judge rules file the live stack uses (AGENTSTREAM_JUDGE_RULES_PATH "
+        "otherwise)",
+    )
+    parser.add_argument(
+        "--expect-judge",
+        action="store_true",
+        help="assembler: wait for the judge's results as the live assembler does beside a judge (implied "
+        "by --roles ...,judge)",
+    )
+    parser.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=30.0,
+        help="assembler: its grace period in the replay; after catching up the replay waits this long "
+        "so incomplete trajectories are emitted (all input is already in the log)",
     )
     parser.add_argument(
         "--timeout", type=float, default=None, help="give up (exit 1) after this many seconds"
@@ -58,10 +82,11 @@ def _timestamp(text: str) -> datetime:
 def run_replay(args) -> int:
     from infra import replay
     from infra.cli import output
-    from infra.supervisor import Component, Supervisor
 
     settings = Settings.from_args(args)
     roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
+    if "judge" in roles:
+        replay.check_judge()
     plan = replay.make_plan(settings.bootstrap_servers, roles, args.reward_version, args.since)
     replay.commit_starts(settings.bootstrap_servers, plan)
     where = f"since {args.since.isoformat()}" if args.since else "from the beginning"
@@ -69,30 +94,44 @@ def run_replay(args) -> int:
         f"replay {','.join(plan.roles)} under {plan.reward_version} {where}: "
         f"{plan.total:,} records, groups {', '.join(plan.group(r) for r in plan.roles)}"
     )
-    children = [Component(role, _worker_args(args, plan, role), restart="replay") for role in plan.roles]
     env = {
         "AGENTSTREAM_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
         "AGENTSTREAM_DATA_DIR": str(settings.data_dir),
         "AGENTSTREAM_LOG_LEVEL": str(args.log_level),
     }
-    supervisor = Supervisor(children, env=env, on_event=lambda m: log.warning("replay: %s", m))
     started = time.monotonic()
-    try:
-        supervisor.start()
-        replay.follow(
-            settings.bootstrap_servers,
-            plan,
-            alive=lambda: not supervisor.poll(),
-            on_progress=_printer(),
-            timeout_s=args.timeout,
-        )
-    finally:
-        supervisor.stop()
+    deadline = None if args.timeout is None else started + args.timeout
+    done: tuple[str, ...] = ()
+    for phase in replay.phases(plan.roles):
+        plan = _run_phase(args, plan, phase, done, env, deadline)
+        done += phase
     output.say(
-        f"replay done: {plan.total:,} records per role in {time.monotonic() - started:.1f}s "
+        f"replay done: {plan.total:,} records in {time.monotonic() - started:.1f}s "
         f"under {plan.reward_version}"
     )
     return 0
+
+
+def _run_phase(args, plan, phase: tuple[str, ...], done: tuple[str, ...], env: dict, deadline):
+    """Run the phase's roles until caught up (the assembler: plus its grace period), then stop them.
+    Sources that the roles already done wrote to are measured again first."""
+    from infra import replay
+    from infra.supervisor import Component, Supervisor
+
+    bootstrap = env["AGENTSTREAM_BOOTSTRAP_SERVERS"]
+    later = tuple(t for role in phase for t in replay.upstream_topics(plan, role, done))
+    plan = plan.with_ends(replay.read_ends(bootstrap, later))
+    children = [Component(role, _worker_args(args, plan, role), restart="replay") for role in phase]
+    supervisor = Supervisor(children, env=env, on_event=lambda m: log.warning("replay: %s", m))
+    try:
+        supervisor.start()
+        alive = lambda: not supervisor.poll()  # noqa: E731
+        plan = replay.follow(bootstrap, plan, phase, alive, _printer(), deadline=deadline)
+        if "assembler" in phase:
+            replay.linger(args.grace_seconds + 2.0, alive, deadline)  # + two ticks of its grace timer
+    finally:
+        supervisor.stop()
+    return plan
 
 
 def _worker_args(args, plan, role: str) -> tuple[str, ...]:
@@ -105,8 +144,14 @@ def _worker_args(args, plan, role: str) -> tuple[str, ...]:
         "--reward-version",
         plan.reward_version,
     ]
-    if role == "rules" and args.profiles:
-        argv += ["--profiles-path", args.profiles]
+    if role in ("rules", "assembler") and args.profiles:
+        argv += ["--profiles", args.profiles]
+    if role in ("judge", "assembler") and args.judge_rules:
+        argv += ["--judge-rules", args.judge_rules]
+    if role == "assembler":
+        argv += ["--grace-seconds", str(args.grace_seconds)]
+        if args.expect_judge or "judge" in plan.roles:
+            argv.append("--expect-judge")
     return tuple(argv)
 
 

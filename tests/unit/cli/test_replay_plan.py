@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import doctest
 from datetime import UTC, datetime
 
 import pytest
 
 from infra import replay
-from infra.replay import ReplayError, ReplayPlan, app_prefix, check_roles, remaining
+from infra.commands.replay import _worker_args
+from infra.replay import ReplayError, ReplayPlan, app_prefix, check_roles, phases, remaining, upstream_topics
+from streams.assembler.processor import TrajectoryAssembler
 
 
 def test_the_module_examples_hold():
@@ -28,8 +31,9 @@ def test_a_version_that_cannot_name_a_group_is_refused_with_its_value(version):
 
 
 def test_roles_not_replayable_yet_say_why():
-    with pytest.raises(ReplayError, match="'judge' is not supported yet: the judge's cache"):
-        check_roles(("rules", "judge"))
+    assert check_roles(("rules", "judge", "assembler")) == ("rules", "judge", "assembler")
+    with pytest.raises(ReplayError, match="'trainer' is not supported yet: the trainer does not yet select"):
+        check_roles(("rules", "trainer"))
     with pytest.raises(ReplayError, match="unknown role 'x'"):
         check_roles(("x",))
 
@@ -41,3 +45,61 @@ def test_what_is_left_counts_from_the_start_and_ignores_other_topics():
     assert remaining({}, plan, "rules") == 5 + 4
     assert remaining({("agent.events", 0): 10, ("agent.events", 1): 3}, plan, "rules") == 1
     assert remaining({("agent.events", 0): 12, ("agent.events", 1): 4}, plan, "rules") == 0
+
+
+def test_the_assembler_is_measured_on_every_topic_its_agent_reads():
+    assert replay.SOURCES["assembler"] == TrajectoryAssembler.sources
+    assert replay.SOURCES["judge"] == replay.SOURCES["rules"] == ("agent.events",)
+
+
+def test_reward_makers_run_before_the_assembler_whatever_the_order_asked():
+    assert phases(("assembler", "judge", "rules")) == [("rules", "judge"), ("assembler",)]
+    assert phases(("assembler",)) == [("assembler",)]
+
+
+def test_the_assembler_measures_again_only_what_replayed_roles_wrote():
+    plan = ReplayPlan(("rules", "judge", "assembler"), "v", "p")
+    assert upstream_topics(plan, "assembler", ("rules", "judge")) == ("reward.rule", "reward.judge")
+    assert upstream_topics(plan, "assembler", ("judge",)) == ("reward.judge",)
+    assert upstream_topics(plan, "rules", ()) == ()
+
+
+def test_later_ends_extend_a_roles_work_and_never_shrink_it():
+    ends = {("agent.events", 0): 10, ("reward.rule", 0): 4}
+    plan = ReplayPlan(("rules", "assembler"), "v", "p", {}, ends)
+    assert (plan.total_for("rules"), plan.total_for("assembler")) == (10, 14)
+    later = plan.with_ends({("reward.rule", 0): 9, ("agent.events", 0): 3})
+    assert later.ends == {("agent.events", 0): 10, ("reward.rule", 0): 9}
+    assert remaining({("agent.events", 0): 10, ("reward.rule", 0): 4}, later, "assembler") == 5
+    assert remaining({("agent.events", 0): 10}, later, "rules") == 0  # reward.rule is not the rules' input
+
+
+def test_the_judges_internal_topic_counts_once_measured():
+    plan = ReplayPlan(("judge",), "v", "p", {}, {("agent.events", 0): 3})
+    assert plan.topics("judge") == ("agent.events", "p-judge-judge-groups")
+    measured = plan.with_ends({("p-judge-judge-groups", 1): 2})
+    assert remaining({("agent.events", 0): 3}, measured, "judge") == 2
+
+
+def _args(**given):
+    defaults = {"profiles": None, "judge_rules": None, "expect_judge": False, "grace_seconds": 30.0}
+    return argparse.Namespace(**{**defaults, **given})
+
+
+def test_each_replayed_worker_gets_the_options_of_its_role():
+    plan = ReplayPlan(("rules", "judge", "assembler"), "rules-2", "pre")
+    args = _args(profiles="p.yaml", judge_rules="j.yaml", grace_seconds=3.0)
+    rules, judge, assembler = (_worker_args(args, plan, role) for role in plan.roles)
+    common = ("--app-prefix", "pre", "--reward-version", "rules-2")
+    assert rules == ("worker", "--roles", "rules", *common, "--profiles", "p.yaml")
+    assert judge == ("worker", "--roles", "judge", *common, "--judge-rules", "j.yaml")
+    assert assembler == (
+        *("worker", "--roles", "assembler", *common),
+        *("--profiles", "p.yaml", "--judge-rules", "j.yaml", "--grace-seconds", "3.0", "--expect-judge"),
+    )  # beside a replayed judge the assembler waits for it, as the live one does beside the live judge
+
+
+def test_the_assembler_alone_waits_for_the_judge_only_when_told():
+    alone = ReplayPlan(("assembler",), "v", "p")
+    assert "--expect-judge" not in _worker_args(_args(), alone, "assembler")
+    assert "--expect-judge" in _worker_args(_args(expect_judge=True), alone, "assembler")
