@@ -4,7 +4,9 @@ by a separate consumer group, the sink writing them into chDB.
 - under the live version: every derived row in ClickHouse is reproduced exactly (the tables,
   compared whole, are the same before and after; the topic holds the same events twice);
 - under a new version: rows with that version are added, the old ones stay, both queryable;
-- `--since` reads only records at or after the time; unknown and not-yet-replayable roles are errors.
+- `--since` reads only records at or after the time; unknown and not-yet-replayable roles are errors;
+- the assembler per rule version: a live assembler (rules-1) never takes a replay's rules-2 rewards,
+  even when they come first, and `--roles assembler` under rules-2 assembles from those only.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ import orjson
 import pytest
 
 from clients.kafka import ensure_topics, read_to_end
-from schemas.topics import REWARD_RULE
-from tests.support.processes import AGENTSTREAM, wait_for
+from schemas.topics import REWARD_RULE, TRAJECTORY_SCORED
+from tests.support.processes import AGENTSTREAM, Proc, wait_for
 from tests.support.sink_harness import group_caught_up, publish, reader, rows, scalar, snapshot, start_sink
-from tests.support.streams_helpers import make_trajectory
+from tests.support.streams_helpers import make_trajectory, worker_args
 
 pytestmark = pytest.mark.integration
 
@@ -115,9 +117,58 @@ def test_replay_since_reads_only_later_records(broker, tmp_path):
 
 @pytest.mark.parametrize(
     ("roles", "message"),
-    [("assembler", "replaying 'assembler' is not supported yet"), ("nope", "unknown role 'nope'")],
+    [("rules,trainer", "replaying 'trainer' is not supported yet"), ("nope", "unknown role 'nope'")],
 )
 def test_replay_refuses_roles_it_cannot_replay(broker, tmp_path, roles, message):
     done = _replay(broker.bootstrap, tmp_path, "--roles", roles, "--reward-version", "v2")
     assert done.returncode != 0
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def _scored(bootstrap: str) -> list[dict]:
+    return [orjson.loads(r.value) for r in read_to_end(bootstrap, [TRAJECTORY_SCORED])]
+
+
+def test_the_live_assembler_takes_only_its_versions_rule_rewards(broker, tmp_path):
+    _publish_trajectories(broker.bootstrap, "v")
+    first = _replay(broker.bootstrap, tmp_path, "--roles", "rules", "--reward-version", "rules-2")
+    assert first.returncode == 0, first.stderr[-3000:]  # rules-2 rewards now come first on reward.rule
+    live = Proc(
+        worker_args(broker.bootstrap, tmp_path / "live", "rules,assembler", "--grace-seconds", "120"),
+        tmp_path / "live.log",
+    )
+    try:
+        wait_for(
+            lambda: (
+                len({t["trajectory_id"] for t in _scored(broker.bootstrap) if t["complete"]}) == TRAJECTORIES
+            ),
+            timeout_s=120,
+            what=f"the live trajectories\n{live.log_text()[-3000:]}",
+        )
+        live_scored = _scored(broker.bootstrap)
+        assert {t["reward_version"] for t in live_scored} == {"assembly-1+rules-1"}
+        assert {t["revision"] for t in live_scored} == {0}  # one emission each: no rules-2 slot taken
+
+        again = _replay(
+            broker.bootstrap,
+            tmp_path,
+            "--roles",
+            "assembler",
+            "--reward-version",
+            "rules-2",
+            "--grace-seconds",
+            "3",
+        )
+        assert again.returncode == 0, again.stderr[-3000:]
+        scored = _scored(broker.bootstrap)
+        new = [t for t in scored if t["reward_version"] == "assembly-1+rules-2"]
+        assert sorted(t["trajectory_id"] for t in new) == sorted(f"v{i}" for i in range(TRAJECTORIES))
+        assert all(t["complete"] and t["revision"] == 0 for t in new)
+        assert {t["event_id"] for t in new}.isdisjoint(
+            {t["event_id"] for t in live_scored}
+        )  # the version is in the id
+        assert [
+            t for t in scored if t["reward_version"] != "assembly-1+rules-2"
+        ] == live_scored  # live: untouched
+    finally:
+        live.stop()
