@@ -338,6 +338,28 @@ def reward_definition(step_layers: list[list[str]], reward_version: str) -> str:
     return f"{'+'.join(names) or 'none'}@{reward_version}"
 
 
+# --- reward.versions ----------------------------------------------------------------------------
+
+
+class RewardVersionCompleted(EventBase):
+    """A replay under `version` finished (`agentstream replay`): the trajectories it re-scored are
+    all published. On `reward.versions`, keyed (and compacted) by version: `trajectory_id` carries
+    `reward-version:<version>`. ClickHouse keeps it in `reward_versions`; readers default to the
+    newest completed version (docs/reward-versions.md)."""
+
+    type: Literal["reward.version.completed"] = "reward.version.completed"
+    version: str = Field(min_length=1, description="the replay's --reward-version, e.g. 'rules-2'")
+    roles: list[str] = Field(default_factory=list, description="the roles it replayed, e.g. rules, assembler")
+    source_end_offsets: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="topic -> partition -> end offset (exclusive) of the source records it covered",
+    )
+    since: AwareDatetime | None = Field(None, description="the replay's --since (None: from the beginning)")
+    started_at: AwareDatetime = Field(description="when the replay started")
+    completed_at: AwareDatetime = Field(description="when it had processed every source record")
+    app_id: str = Field("", description="the replay's app id (its consumer group)")
+
+
 # --- training.batches / policy.updates ----------------------------------------------------------
 
 
@@ -428,7 +450,8 @@ Event = Annotated[
     | TrajectoryScored
     | BatchBuilt
     | PolicyUpdated
-    | DeadLetter,
+    | DeadLetter
+    | RewardVersionCompleted,
     Field(discriminator="type"),
 ]
 
@@ -448,6 +471,7 @@ EVENT_MODELS: dict[str, type[EventBase]] = {
         BatchBuilt,
         PolicyUpdated,
         DeadLetter,
+        RewardVersionCompleted,
     )
 }
 EVENT_TYPES: tuple[str, ...] = tuple(EVENT_MODELS)

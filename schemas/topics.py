@@ -15,6 +15,7 @@ TRAJECTORY_SCORED = "trajectory.scored"
 TRAINING_BATCHES = "training.batches"
 POLICY_UPDATES = "policy.updates"
 DLQ = "agentstream.dlq"
+REWARD_VERSIONS = "reward.versions"
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -84,6 +85,14 @@ TOPICS: dict[str, TopicSpec] = {
             partitions=1,
             config={"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS)},
             description="input any stage could not use, with reason and source coordinates",
+        ),
+        TopicSpec(
+            REWARD_VERSIONS,
+            ("reward.version.completed",),
+            partitions=1,
+            key="version",
+            config={"cleanup.policy": "compact"},
+            description="completed reward-version replays, one per version (keyed by 'reward-version:<v>')",
         ),
     )
 }

@@ -23,6 +23,7 @@ from schemas.events import (
     JudgeStep,
     JudgeTrajectory,
     PolicyUpdated,
+    RewardVersionCompleted,
     RuleRewardStep,
     StepRecorded,
     TrajectoryScored,
@@ -78,6 +79,9 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "policy_version previous_version event_id occurred_at method step base_model checkpoint_path "
         "batch_ids trajectory_ids behaviour_versions source_ranges staleness_histogram dropped_groups "
         "metrics loss is_ratio_mean is_ratio_max ess clipped_fraction kl"
+    ),
+    "reward_versions": _columns(
+        "version event_id occurred_at roles source_end_offsets since started_at completed_at app_id producer"
     ),
     "dead_letters": _columns(
         "event_id trajectory_id occurred_at stage reason error_type source_topic source_partition "
@@ -231,6 +235,11 @@ def dead_letter_row(e: DeadLetter) -> Row:
     return _row("dead_letters", e)
 
 
+def reward_version_row(e: RewardVersionCompleted) -> Row:
+    """The registry row of a completed replay (migration 0009; docs/reward-versions.md)."""
+    return _row("reward_versions", e, roles=list(e.roles), source_end_offsets=_json(e.source_end_offsets))
+
+
 # event type -> (table, row builder): the event's own table
 TYPED: dict[str, tuple[str, Callable[[EventBase], Row]]] = {
     "episode.started": ("episodes", episode_started_row),
@@ -245,6 +254,7 @@ TYPED: dict[str, tuple[str, Callable[[EventBase], Row]]] = {
     "batch.built": ("batches", batch_row),
     "policy.updated": ("policy_updates", policy_row),
     "dead.letter": ("dead_letters", dead_letter_row),
+    "reward.version.completed": ("reward_versions", reward_version_row),
 }
 
 # event type -> further (table, row builder)s: policy.updated also keeps its original table
