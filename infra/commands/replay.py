@@ -42,6 +42,14 @@ def register(sub) -> None:
         type=_timestamp,
         help="start at the first record at or after this time (ISO 8601, UTC if no zone)",
     )
+    _add_worker_options(parser)
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="give up (exit 1) after this many seconds"
+    )
+
+
+def _add_worker_options(parser) -> None:
+    """Options passed on to the replayed workers (as the live stack has them)."""
     parser.add_argument(
         "--profiles",
         default=None,
@@ -65,9 +73,6 @@ def register(sub) -> None:
         default=30.0,
         help="assembler: its grace period in the replay; after catching up the replay waits this long "
         "so incomplete trajectories are emitted (all input is already in the log)",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=None, help="give up (exit 1) after this many seconds"
     )
 
 

@@ -422,10 +422,7 @@ def score_trajectory(
 ) -> TrajectoryScored:
     """The trajectory's content (event_id and revision are filled in by `Assembly.decide`).
 
-    `wait_s`: the wait that ran out for what is still absent (named in the missing reasons).
-    `rule_version`: the rule version the assembler takes (it drops rule rewards of other versions),
-    so `reward_version` is `assembly-1+<rule_version>` even before any rule reward arrived; None
-    (pure callers) names the versions of the rule rewards folded in."""
+    `wait_s`: the wait that ran out (named in the missing reasons); `rule_version`: `_reward_version`."""
     started = a.started or {}
     domain = started.get("domain") or "generic"
     profile = profiles.get(domain)
@@ -436,8 +433,7 @@ def score_trajectory(
     process = round(sum(present) / len(present), 6) if present else None
     outcome = outcome_of(a.ended, profile)
     eff = round6(efficiency(started.get("reference_steps"), n)) if a.started else None
-    versions_in = [rule_version] if rule_version else sorted({r["version"] for r in a.rules.values()})
-    reward_version = "+".join([ASSEMBLY_VERSION, *versions_in])
+    reward_version = _reward_version(a, rule_version)
     return TrajectoryScored(
         event_id="pending",
         trajectory_id=trajectory_id,
@@ -466,3 +462,14 @@ def score_trajectory(
         ended_at=datetime.fromisoformat(a.ended["at"]) if a.ended else None,
         metadata=started.get("metadata") or {},
     )
+
+
+def _reward_version(a: Assembly, rule_version: str | None) -> str:
+    """`assembly-1+<rule_version>`: the assembler takes only rule rewards of its version, so this
+    holds even before any arrived. None (pure callers): the versions of the rule rewards folded in.
+
+    >>> _reward_version(Assembly(), "rules-2"), _reward_version(Assembly(rules={0: {"version": "r"}}), None)
+    ('assembly-1+rules-2', 'assembly-1+r')
+    """
+    versions = [rule_version] if rule_version else sorted({r["version"] for r in a.rules.values()})
+    return "+".join([ASSEMBLY_VERSION, *versions])

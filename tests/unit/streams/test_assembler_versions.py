@@ -92,3 +92,11 @@ def test_without_a_configured_version_the_first_rule_reward_of_a_step_is_taken()
         .outputs
     )
     assert scored.reward_version == "assembly-1+r" and [s.rule_score for s in scored.steps] == [0.5] * 3
+
+
+def test_the_module_examples_hold():
+    import doctest
+
+    from streams.assembler import assembly
+
+    assert doctest.testmod(assembly).failed == 0
