@@ -20,6 +20,8 @@ from datetime import date
 
 from clients.clickhouse import DATABASE, ClickHouseError
 from infra.clickhouse.sql import Sql
+from infra.clickhouse.versions import VersionChoice, resolve_reward_version
+from schemas.versions import rules_version_of
 
 Query = Callable[[Sql], Sequence[tuple]]
 BY_CHOICES = ("model", "agent", "policy_version")
@@ -37,8 +39,14 @@ def quote(value: str) -> str:
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def episode_rewards_sql(by: str = "model", domain: str | None = None, since: date | str | None = None) -> Sql:
-    """SQL for one row per finished episode: (domain, group, success, reward)."""
+def episode_rewards_sql(
+    by: str = "model",
+    domain: str | None = None,
+    since: date | str | None = None,
+    reward_version: str | None = None,
+) -> Sql:
+    """SQL for one row per finished episode: (domain, group, success, reward), the reward under
+    `reward_version` (None: the newest complete version, `agentstream.episode_outcomes`)."""
     if by not in BY_CHOICES:
         raise ClickHouseError(f"by={by!r}: must be one of {', '.join(BY_CHOICES)}")
     where, params = ["success IS NOT NULL"], {}
@@ -48,8 +56,12 @@ def episode_rewards_sql(by: str = "model", domain: str | None = None, since: dat
     if since:
         where.append("day >= toDate({since:String})")
         params["since"] = str(since)
+    source = f"{DATABASE}.episode_outcomes"
+    if reward_version is not None:
+        source = f"{DATABASE}.episode_outcomes_at(reward_version = {{reward_version:String}})"
+        params["reward_version"] = reward_version
     return Sql(
-        f"SELECT domain, {by}, success, reward FROM {DATABASE}.episode_outcomes "
+        f"SELECT domain, {by}, success, reward FROM {source} "
         f"WHERE {' AND '.join(where)} ORDER BY domain, {by}, trajectory_id",
         params,
     )
@@ -182,22 +194,49 @@ def leaderboard_rows(
     domain: str | None = None,
     since: date | str | None = None,
     resamples: int = BOOTSTRAP_RESAMPLES,
+    reward_version: str | None = None,
 ) -> list[dict]:
-    """Fetch per-episode rewards with SQL and compute the leaderboard in Python."""
-    return leaderboard(query(episode_rewards_sql(by, domain, since)), by=by, resamples=resamples)
+    """Fetch per-episode rewards with SQL and compute the leaderboard in Python; each row names the
+    reward version it shows (`reward_version`: given, else the newest complete one)."""
+    return leaderboard_report(query, by, domain, since, resamples, reward_version)[1]
+
+
+def leaderboard_report(
+    query: Query,
+    by: str = "model",
+    domain: str | None = None,
+    since: date | str | None = None,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    reward_version: str | None = None,
+) -> tuple[VersionChoice, list[dict]]:
+    """The reward version shown (`infra.clickhouse.versions`) and the leaderboard under it."""
+    choice = resolve_reward_version(query, reward_version)
+    rows = leaderboard(
+        query(episode_rewards_sql(by, domain, since, choice.version)), by=by, resamples=resamples
+    )
+    return choice, [{**row, "reward_version": choice.version} for row in rows]
 
 
 # --- one trajectory, step by step -----------------------------------------------------------------
 
 
-def trajectory_sql(trajectory_id: str) -> dict[str, Sql]:
-    """The queries behind `agentstream trajectory ID` (every layer, deduplicated)."""
+def trajectory_sql(trajectory_id: str, reward_version: str | None = None) -> dict[str, Sql]:
+    """The queries behind `agentstream trajectory ID` (every layer, deduplicated), under
+    `reward_version` (its rule rewards and trajectory row; None: the newest complete version)."""
     db = DATABASE
+    episodes = f"{db}.episode_outcomes"
+    params: dict[str, object] = {"tid": trajectory_id}
+    rules = version = ""
+    if reward_version is not None:
+        episodes = f"{db}.episode_outcomes_at(reward_version = {{rv:String}})"
+        rules = " AND ({rules:String} = '' OR reward_version = {rules:String})"
+        version = " AND reward_version = {rv:String}"
+        params |= {"rv": reward_version, "rules": rules_version_of(reward_version)}
     texts = {
         "episode": (
             "SELECT trajectory_id, domain, agent, model, policy_version, task_id, success, score, reward, "
             "total_reward, outcome_score, process_score, efficiency_score, total_steps "
-            f"FROM {db}.episode_outcomes WHERE trajectory_id = {{tid:String}}"
+            f"FROM {episodes} WHERE trajectory_id = {{tid:String}}"
         ),
         "steps": (
             "SELECT step_index, tool, exit_code, error, left(observation, 60) AS observation "
@@ -206,7 +245,7 @@ def trajectory_sql(trajectory_id: str) -> dict[str, Sql]:
         "rule": (
             "SELECT step_index, argMax(score, occurred_at), argMax(redundancy, occurred_at), "
             "argMax(regression, occurred_at), argMax(info_utilization, occurred_at) "
-            f"FROM {db}.rule_rewards FINAL WHERE trajectory_id = {{tid:String}} GROUP BY step_index"
+            f"FROM {db}.rule_rewards FINAL WHERE trajectory_id = {{tid:String}}{rules} GROUP BY step_index"
         ),
         "judge": (
             f"SELECT step_index, argMax(score, occurred_at) FROM {db}.judge_scores FINAL "
@@ -218,9 +257,13 @@ def trajectory_sql(trajectory_id: str) -> dict[str, Sql]:
         ),
         "process": (
             f"SELECT step_process_scores FROM {db}.trajectories FINAL WHERE trajectory_id = {{tid:String}}"
+            + (version or " ORDER BY ingested_at DESC LIMIT 1")
         ),
     }
-    return {name: Sql(text, {"tid": trajectory_id}) for name, text in texts.items()}
+    return {
+        name: Sql(text, {k: v for k, v in params.items() if "{" + k + ":" in text})
+        for name, text in texts.items()
+    }
 
 
 def trajectory_steps(results: dict[str, Sequence[tuple]]) -> list[dict]:

@@ -20,6 +20,7 @@ from typing import Any
 from clients.clickhouse import DATABASE
 from infra.clickhouse.analytics import trajectory_sql, trajectory_steps
 from infra.clickhouse.sql import Sql, run, run_dicts
+from infra.clickhouse.versions import resolve_reward_version, reward_versions, trajectory_version
 from infra.errors import FilterError
 
 DB = DATABASE
@@ -43,6 +44,7 @@ class TrajectoryFilter:
     since: datetime | None = None
     until: datetime | None = None
     search: str | None = None  # case-insensitive substring of the task
+    reward_version: str | None = None  # None: the newest complete version (infra.clickhouse.versions)
     page: int = 1
     page_size: int = 50
     default_page_size: int = field(default=50, compare=False)  # what a URL without page_size gives
@@ -80,7 +82,7 @@ def parse_filter(query: Mapping[str, str], page_size: int = 50) -> TrajectoryFil
     given = {k: v.strip() for k, v in query.items() if isinstance(v, str) and v.strip()}
     values: dict[str, Any] = {"page_size": _int(given, "page_size", page_size, 1, MAX_PAGE_SIZE)}
     values["default_page_size"] = page_size
-    for name in ("domain", "agent", "model", "policy_version", "search"):
+    for name in ("domain", "agent", "model", "policy_version", "search", "reward_version"):
         if name in given:
             values[name] = _text(name, given[name])
     if "success" in given:
@@ -164,6 +166,7 @@ _WHERE = {
     "since": ("coalesce(ended_at, occurred_at) >= {since:DateTime64(3, 'UTC')}", "since"),
     "until": ("coalesce(ended_at, occurred_at) <= {until:DateTime64(3, 'UTC')}", "until"),
     "search": ("positionCaseInsensitiveUTF8(task, {search:String}) > 0", "search"),
+    "reward_version": ("reward_version = {reward_version:String}", "reward_version"),
 }
 LIST_COLUMNS = (
     "trajectory_id, coalesce(ended_at, occurred_at) AS at, task, domain, agent, model, "
@@ -204,41 +207,57 @@ FACETS_SQL = Sql(
 
 
 def trajectory_page(client, f: TrajectoryFilter) -> dict[str, Any]:
-    """`rows` of the page, `total` matching, `pages`, and the `facets` the filters offer."""
-    rows = run_dicts(client, trajectory_list_sql(f))
-    total = int(run(client, trajectory_count_sql(f))[0][0])
+    """`rows` of the page, `total` matching, `pages`, the `facets` the filters offer, and the reward
+    version shown (`version`: `f.reward_version`, else the newest complete one; one row per
+    trajectory of that version)."""
+    known = reward_versions(lambda sql: run(client, sql))
+    choice = resolve_reward_version(lambda sql: run(client, sql), f.reward_version)
+    shown = replace(f, reward_version=choice.version)
+    rows = run_dicts(client, trajectory_list_sql(shown))
+    total = int(run(client, trajectory_count_sql(shown))[0][0])
     facet_row = run(client, FACETS_SQL)[0]
     names = ("domain", "agent", "model", "policy_version")
     facets = {name: sorted(v for v in values if v) for name, values in zip(names, facet_row, strict=True)}
-    return {"rows": rows, "total": total, "pages": max(1, math.ceil(total / f.page_size)), "facets": facets}
+    facets["reward_version"] = [k["reward_version"] for k in known]
+    pages = max(1, math.ceil(total / f.page_size))
+    version = {**choice.as_dict(), "text": choice.describe()}
+    return {"rows": rows, "total": total, "pages": pages, "facets": facets, "version": version}
 
 
 # --- one trajectory --------------------------------------------------------------------------------
 
 
-def trajectory_scores(client, trajectory_id: str) -> tuple[dict, list[dict]]:
+def trajectory_scores(
+    client, trajectory_id: str, reward_version: str | None = None
+) -> tuple[dict, list[dict]]:
     """The episode and the per-step scores of `agentstream trajectory ID` (rule, judge, human,
-    process); raises ClickHouseError naming an id that is nowhere."""
+    process) under a reward version (`trajectory_version`: given, else the newest complete one the
+    trajectory has); the episode names it (`reward_version`, `reward_version_source`) and every
+    version the trajectory has (`reward_versions`). Raises ClickHouseError naming an id that is nowhere."""
     from clients.clickhouse import ClickHouseError
 
-    queries = trajectory_sql(trajectory_id)
+    choice, has = trajectory_version(lambda sql: run(client, sql), trajectory_id, reward_version)
+    queries = trajectory_sql(trajectory_id, choice.version)
     results = {name: run(client, sql) for name, sql in queries.items() if name != "episode"}
     episode_rows = run_dicts(client, queries["episode"])
     steps = trajectory_steps(results)
     if not steps and not episode_rows:
         raise ClickHouseError(f"trajectory_id {trajectory_id!r}: no such trajectory in ClickHouse")
-    return (episode_rows[0] if episode_rows else {}), steps
+    episode = {**(episode_rows[0] if episode_rows else {}), **choice.as_dict(), "reward_versions": has}
+    return episode, steps
 
 
-def trajectory_detail_sql(trajectory_id: str) -> dict[str, Sql]:
-    """What the console shows beyond the scores: the scored header, the episode, every step's text,
-    each judge verdict with its rationale, cost and failure, and the human annotations."""
+def trajectory_detail_sql(trajectory_id: str, reward_version: str = "") -> dict[str, Sql]:
+    """What the console shows beyond the scores: the scored header (of `reward_version`), the
+    episode, every step's text, each judge verdict with its rationale, cost and failure, and the
+    human annotations."""
     texts = {
         "header": (
             "SELECT trajectory_id, revision, task_id, task, domain, agent, model, policy_version, group_id, "
             "success, total_steps, outcome_score, process_score, efficiency_score, total_reward, complete, "
             "missing, reward_version, calibration_version, started_at, ended_at "
-            f"FROM {DB}.trajectories FINAL WHERE trajectory_id = {{tid:String}}"
+            f"FROM {DB}.trajectories FINAL "
+            "WHERE trajectory_id = {tid:String} AND reward_version = {rv:String}"
         ),
         "episode": (
             "SELECT task_id, task, domain, agent, model, policy_version, success, score, started_at, "
@@ -259,19 +278,26 @@ def trajectory_detail_sql(trajectory_id: str) -> dict[str, Sql]:
             f"FROM {DB}.annotations FINAL WHERE trajectory_id = {{tid:String}} ORDER BY occurred_at"
         ),
     }
-    return {name: Sql(text, {"tid": trajectory_id}) for name, text in texts.items()}
+    params = {"tid": trajectory_id, "rv": reward_version}
+    return {
+        name: Sql(text, {k: v for k, v in params.items() if f"{{{k}:" in text})
+        for name, text in texts.items()
+    }
 
 
-def trajectory_detail(client, trajectory_id: str) -> dict[str, Any] | None:
+def trajectory_detail(client, trajectory_id: str, reward_version: str | None = None) -> dict[str, Any] | None:
     """Everything about one trajectory, step by step; None when ClickHouse has nothing under the id.
 
     Each step carries its text (thought, tool, params, observation), the scores of
     `trajectory_scores` (the CLI's numbers) and the judge verdicts and annotations on it."""
-    details = {name: run_dicts(client, sql) for name, sql in trajectory_detail_sql(trajectory_id).items()}
+    choice, has = trajectory_version(lambda sql: run(client, sql), trajectory_id, reward_version)
+    queries = trajectory_detail_sql(trajectory_id, choice.version)
+    details = {name: run_dicts(client, sql) for name, sql in queries.items()}
     if not any(details[name] for name in ("header", "episode", "steps")):
         return None
-    episode, scores = trajectory_scores(client, trajectory_id)
+    episode, scores = trajectory_scores(client, trajectory_id, choice.version or None)
     return {
+        "version": {**choice.as_dict(), "text": choice.describe(), "versions": has},
         "header": merge_header(trajectory_id, details["episode"], [episode], details["header"]),
         "steps": merge_steps(scores, details["steps"], details["judge"], details["annotations"]),
         "trajectory_judgements": [j for j in details["judge"] if j["step_index"] is None],

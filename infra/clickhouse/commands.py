@@ -85,14 +85,20 @@ def sql_cmd(args) -> int:
 
 
 def leaderboard_cmd(args) -> int:
-    from infra.clickhouse.analytics import leaderboard_rows
+    from infra.clickhouse.analytics import BOOTSTRAP_RESAMPLES, leaderboard_report
     from infra.clickhouse.sql import run
 
     client = _client(args)
     try:
-        rows = leaderboard_rows(lambda sql: run(client, sql), args.by, args.domain, args.since)
+        choice, rows = leaderboard_report(
+            lambda sql: run(client, sql), args.by, args.domain, args.since, BOOTSTRAP_RESAMPLES,
+            args.reward_version,
+        )  # fmt: skip
     finally:
         client.close()
+    if args.format == "table":
+        say(choice.describe())
+        rows = [{k: v for k, v in row.items() if k != "reward_version"} for row in rows]
     say(render(rows, args.format))
     if args.format == "table":
         say(
@@ -107,7 +113,7 @@ def trajectory_cmd(args) -> int:
 
     client = _client(args)
     try:
-        episode, steps = trajectory_scores(client, args.trajectory_id)
+        episode, steps = trajectory_scores(client, args.trajectory_id, args.reward_version)
     finally:
         client.close()
     if args.format == "json":
@@ -133,8 +139,11 @@ def trajectories_cmd(args) -> int:
     finally:
         client.close()
     if args.format == "json":
-        say(json.dumps({k: page[k] for k in ("rows", "total", "pages")}, indent=2, default=str))
+        shown = {k: page[k] for k in ("rows", "total", "pages")}
+        say(json.dumps({**shown, "reward_version": page["version"]["reward_version"]}, indent=2, default=str))
         return 0
+    if args.format == "table":
+        say(page["version"]["text"])
     say(render(page["rows"], args.format))
     if args.format == "table":
         say(f"\npage {page_filter.page} of {page['pages']} ({page['total']} trajectories)")

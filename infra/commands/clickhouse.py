@@ -45,13 +45,25 @@ def register(sub) -> None:
     add_option(board, "--domain", help="only this domain")
     add_option(board, "--by", choices=["model", "agent", "policy_version"], default="model", help="group by")
     add_option(board, "--since", help="only episodes on or after this day (YYYY-MM-DD)")
+    _reward_version_option(board)
     add_option(board, "--format", choices=["table", "csv", "json"], default="table", help="output format")
 
     traj = command_parser(sub, "trajectory", trajectory_cmd, "one trajectory step by step")
     traj.add_argument("trajectory_id", help="the trajectory id")
+    _reward_version_option(traj)
     add_option(traj, "--format", choices=["table", "csv", "json"], default="table", help="output format")
 
     _register_trajectories(sub)
+
+
+READ_VERSION_HELP = (
+    "reward version shown, e.g. assembly-1+rules-2 or its rules version rules-2 (default: the newest "
+    "complete one: the latest completed replay's, else the live version; docs/reward-versions.md)"
+)
+
+
+def _reward_version_option(parser) -> None:
+    add_option(parser, "--reward-version", env="AGENTSTREAM_SHOW_REWARD_VERSION", help=READ_VERSION_HELP)
 
 
 def _register_trajectories(sub) -> None:
@@ -69,8 +81,11 @@ def _register_trajectories(sub) -> None:
         ("since", "ended at or after this date or time (UTC, e.g. 2026-11-25T14:30)"),
         ("until", "ended at or before this date or time (UTC)"),
         ("search", "case-insensitive text in the task"),
+        ("reward-version", READ_VERSION_HELP),
         ("page", "page number, from 1"),
         ("page-size", "rows per page (at most 200)"),
     ):
-        add_option(listing, f"--{name}", dest=f"filter_{name.replace('-', '_')}", help=text)
+        dest = f"filter_{name.replace('-', '_')}"
+        env = "AGENTSTREAM_SHOW_REWARD_VERSION" if name == "reward-version" else None
+        add_option(listing, f"--{name}", dest=dest, env=env, help=text)
     add_option(listing, "--format", choices=["table", "csv", "json"], default="table", help="output format")

@@ -253,7 +253,8 @@ async def trajectories_page(request):
 
 async def trajectory_page(request):
     trajectory_id = request.match_info["trajectory_id"]
-    detail = await _blocking(request, request.app["data"].trajectory, trajectory_id)
+    version = request.query.get("reward_version")
+    detail = await _blocking(request, request.app["data"].trajectory, trajectory_id, version)
     if detail is None:
         return _error_page(
             request, 404, "No such trajectory", f"ClickHouse has no trajectory with id {trajectory_id!r}."

@@ -17,8 +17,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from infra.clickhouse import browse
-from infra.clickhouse.analytics import BY_CHOICES, leaderboard_rows
+from infra.clickhouse.analytics import BOOTSTRAP_RESAMPLES, BY_CHOICES, leaderboard_report
 from infra.clickhouse.sql import run, run_dicts
+from infra.clickhouse.versions import reward_versions
 from infra.console.config import ConsoleConfig
 from infra.errors import FilterError
 
@@ -165,10 +166,11 @@ class ConsoleData:
         page_filter = browse.parse_filter(query, page_size=self.config.page_size)
         return {"filter": page_filter, **self.clickhouse.call(browse.trajectory_page, page_filter)}
 
-    def trajectory(self, trajectory_id: str) -> dict[str, Any] | None:
+    def trajectory(self, trajectory_id: str, reward_version: str | None = None) -> dict[str, Any] | None:
         if not trajectory_id or len(trajectory_id) > 200:
             return None
-        return self.clickhouse.call(browse.trajectory_detail, trajectory_id)
+        version = (reward_version or "").strip() or None
+        return self.clickhouse.call(browse.trajectory_detail, trajectory_id, version)
 
     # --- leaderboard and training --------------------------------------------------------------
 
@@ -180,9 +182,19 @@ class ConsoleData:
         since = (query.get("since") or "").strip() or None
         if since is not None:
             _check_day(since)
-        rows = self.clickhouse.call(lambda c: leaderboard_rows(lambda sql: run(c, sql), by, domain, since))
+        requested = (query.get("reward_version") or "").strip() or None
+        choice, rows = self.clickhouse.call(
+            lambda c: leaderboard_report(
+                lambda sql: run(c, sql), by, domain, since, BOOTSTRAP_RESAMPLES, requested
+            )
+        )
+        known = self.clickhouse.call(lambda c: reward_versions(lambda sql: run(c, sql)))
         by_step = self.clickhouse.call(run_dicts, browse.reward_by_step_sql(domain))
-        return {"by": by, "domain": domain, "since": since, "rows": rows, "reward_by_step": by_step}
+        version = {**choice.as_dict(), "text": choice.describe(), "requested": requested}
+        return {
+            "by": by, "domain": domain, "since": since, "rows": rows, "reward_by_step": by_step,
+            "version": version, "versions": [k["reward_version"] for k in known],
+        }  # fmt: skip
 
     def training(self) -> dict[str, Any]:
         return self.clickhouse.call(browse.training)

@@ -6,6 +6,7 @@ import base64
 
 import pytest
 
+from infra.clickhouse.analytics import episode_rewards_sql, trajectory_sql
 from infra.clickhouse.browse import (
     MAX_PAGE_SIZE,
     TrajectoryFilter,
@@ -93,12 +94,17 @@ def test_text_filters_are_bounded():
 
 @pytest.mark.parametrize("payload", INJECTIONS)
 def test_no_filter_value_reaches_the_sql_text(payload):
-    f = TrajectoryFilter(domain=payload, agent=payload, model=payload, policy_version=payload, search=payload)
+    names = ("domain", "agent", "model", "policy_version", "search", "reward_version")
+    f = TrajectoryFilter(**dict.fromkeys(names, payload))
     for sql in (trajectory_list_sql(f), trajectory_count_sql(f)):
         assert payload not in sql.text
-        assert {sql.params[k] for k in ("domain", "agent", "model", "policy_version", "search")} == {payload}
-    for sql in trajectory_detail_sql(payload).values():
-        assert payload not in sql.text and sql.params == {"tid": payload}
+        assert {sql.params[k] for k in names} == {payload}
+    for sql in trajectory_detail_sql(payload, reward_version=payload).values():
+        assert payload not in sql.text and sql.params["tid"] == payload
+        assert set(sql.params.values()) == {payload}
+    for sql in trajectory_sql(payload, reward_version=payload).values():
+        assert payload not in sql.text and sql.params["tid"] == payload
+    assert episode_rewards_sql("model", reward_version=payload).params == {"reward_version": payload}
 
 
 def test_the_header_and_the_steps_carry_every_field_absent_as_none():
