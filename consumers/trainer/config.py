@@ -20,6 +20,7 @@ from consumers.trainer.builders.grpo import GRPOGroupConfig
 from consumers.trainer.builders.sft import SFTBuilderConfig
 from consumers.trainer.kinds import DEFAULT_KINDS, KINDS, METHODS, follow_kind, unknown_kinds
 from schemas.settings import DEFAULT_BOOTSTRAP
+from schemas.versions import LIVE_RULES_VERSION
 
 _KNOWN = ",".join(KINDS)
 
@@ -44,6 +45,15 @@ class PlannerConfig:
         default=5.0, metadata={"help": "flush ready trajectories after this long"}
     )
     require_complete: bool = field(default=True, metadata={"help": "skip trajectories with complete=false"})
+    reward_version: str = field(
+        default=LIVE_RULES_VERSION,
+        metadata={
+            "help": "build batches only from trajectory.scored of this reward version: a rules version "
+            "(rules-2 takes assembly-1+rules-2) or a whole one, or 'any'. The default follows the live "
+            "stack: AGENTSTREAM_REWARD_VERSION is also what the live rule workers stamp "
+            "(docs/reward-versions.md)"
+        },
+    )
     dedup: bool = field(default=True, metadata={"help": "skip content duplicates (sha256 of steps)"})
     group_definition_wait_s: float = field(
         default=60.0,
@@ -67,6 +77,8 @@ class PlannerConfig:
             raise ConsumerConfigError(f"--batch-trajectories: must be >= 1, got {self.batch_trajectories!r}")
         if self.flush_interval_s < 0:
             raise ConsumerConfigError(f"--flush-interval-s: must be >= 0, got {self.flush_interval_s!r}")
+        if not self.reward_version.strip():
+            raise ConsumerConfigError("--reward-version: give a version like rules-1, or 'any', got ''")
         if self.group_definition_wait_s < 0:
             raise ConsumerConfigError(
                 f"--group-definition-wait-s: must be >= 0, got {self.group_definition_wait_s!r}"

@@ -33,6 +33,7 @@ from consumers.trainer.config import PlannerConfig
 from consumers.trainer.kinds import KINDS, BatchContext
 from schemas.events import TrajectoryScored
 from schemas.records import Record
+from schemas.versions import reward_version_matches
 
 log = logging.getLogger(__name__)
 
@@ -364,6 +365,7 @@ class Planner:
         self.current_policy: str | None = None
         self.training_step = 0
         self.lanes: dict[str, Lane] = {kind: self._lane(kind) for kind in config.kinds}
+        self.other_versions: dict[str, int] = {}  # reward version -> trajectories skipped for it
         for kind, lane in self.lanes.items():
             lane.done = set((known_ids or {}).get(kind, ()))
             lane.hashes = dict((known_hashes or {}).get(kind, {}))
@@ -375,7 +377,23 @@ class Planner:
     def _lane(self, kind: str) -> Lane:
         return GroupLane(kind, self) if KINDS[kind].grouped else Lane(kind, self)
 
+    def selects(self, trajectory: TrajectoryScored) -> bool:
+        """Whether `trajectory` is of the selected `reward_version` (an unversioned one, written
+        before versions existed, is taken under any selection)."""
+        selected, stamped = self.config.reward_version, trajectory.reward_version
+        return selected == "any" or not stamped or reward_version_matches(stamped, selected)
+
     def offer(self, trajectory: TrajectoryScored, source: Record, now: float) -> None:
+        if not self.selects(trajectory):
+            skipped = self.other_versions.get(trajectory.reward_version, 0)
+            if not skipped:
+                log.info(
+                    "trainer: skipping trajectories of reward version %s (selected: %s), first %s[%d]@%d",
+                    trajectory.reward_version, self.config.reward_version,
+                    source.topic, source.partition, source.offset,
+                )  # fmt: skip
+            self.other_versions[trajectory.reward_version] = skipped + 1
+            return
         if self.config.require_complete and not trajectory.complete:
             return
         entry = Entry(trajectory, source, content_hash(trajectory))
