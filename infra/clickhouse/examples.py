@@ -24,7 +24,11 @@ SELECT s.tool AS tool,
        countIf(r.redundancy < 0.5) AS redundant_steps,
        round(redundant_steps / steps, 3) AS wasted_share
 FROM agentstream.steps AS s FINAL
-JOIN agentstream.rule_rewards AS r FINAL
+JOIN (
+    -- one reward version's rules (the newest complete one's; every version while nothing is scored)
+    SELECT * FROM agentstream.rule_rewards FINAL
+    WHERE (SELECT rules_version FROM agentstream.reward_version_default) IN ('', reward_version)
+) AS r
     ON s.trajectory_id = r.trajectory_id AND s.step_index = r.step_index
 GROUP BY tool
 ORDER BY wasted_share DESC""",
@@ -39,12 +43,14 @@ FROM agentstream.episode_outcomes
 WHERE success IS NOT NULL
 GROUP BY policy_version
 ORDER BY first_seen""",
-    # The latest revision of each trajectory, without FINAL (argMax over the version column).
+    # The latest revision of each trajectory under the newest complete reward version, without FINAL
+    # (argMax over the version column; one row per trajectory and reward version in the table).
     "latest_revision_with_argmax": """
 SELECT trajectory_id,
        max(revision) AS latest_revision,
        argMax(total_reward, revision) AS latest_total_reward
 FROM agentstream.trajectories
+WHERE reward_version = (SELECT reward_version FROM agentstream.reward_version_default)
 GROUP BY trajectory_id
 ORDER BY trajectory_id
 LIMIT 10""",
