@@ -184,8 +184,10 @@ FROM agentstream.episode_outcomes_at(reward_version = {reward_version:String})
 WHERE success IS NOT NULL
 GROUP BY domain, agent, model, policy_version, day;
 
+-- The same columns as before 0009 (leaderboard_snapshot copies them); the version it shows is
+-- agentstream.reward_version_default.
 CREATE OR REPLACE VIEW agentstream.leaderboard AS
-SELECT * FROM agentstream.leaderboard_at(
+SELECT * EXCEPT (reward_version) FROM agentstream.leaderboard_at(
     reward_version = (SELECT reward_version FROM agentstream.reward_version_default)
 );
 

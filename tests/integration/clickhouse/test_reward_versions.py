@@ -194,11 +194,16 @@ def test_a_replay_version_sits_beside_the_live_one_and_becomes_the_default(migra
         "ORDER BY 1"
     )
     assert _rows(client, at_live, v=LIVE) == [("t1", 0.4), ("t2", 0.6)]
-    board = "SELECT model, mean_reward, reward_version FROM agentstream.leaderboard ORDER BY model"
-    assert _rows(client, board) == [("m-t1", 0.8, REPLAY), ("m-t2", 0.1, REPLAY)]
+    board = "SELECT model, mean_reward FROM agentstream.leaderboard ORDER BY model"
+    assert _rows(client, board) == [("m-t1", 0.8), ("m-t2", 0.1)]
+    board_at = (
+        "SELECT model, mean_reward, reward_version "
+        "FROM agentstream.leaderboard_at(reward_version = {v:String})"
+    )
+    assert _rows(client, board_at + " ORDER BY model", v=LIVE) == [("m-t1", 0.4, LIVE), ("m-t2", 0.6, LIVE)]
+    copy = "SELECT model, mean_reward FROM agentstream.leaderboard_snapshot ORDER BY model"
     client.command("SYSTEM REFRESH VIEW agentstream.leaderboard_snapshot_refresh")
-    snapshot = "SELECT model, mean_reward FROM agentstream.leaderboard_snapshot ORDER BY model"
-    wait_for(lambda: _rows(client, snapshot) == [("m-t1", 0.8), ("m-t2", 0.1)], 30, what="the snapshot")
+    wait_for(lambda: _rows(client, copy) == _rows(client, board), 30, what="the snapshot")
     # each step and each trajectory counted once, whatever the number of versions
     assert _rows(client, "SELECT sum(calls) FROM agentstream.tool_usage") == [(4,)]
     assert _rows(client, "SELECT mean_rule_score FROM agentstream.reward_by_step ORDER BY step_index") == [
