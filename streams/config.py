@@ -87,7 +87,12 @@ class WorkerConfig:
             "help": "rules/assembler: longest a fetch waits for --fetch-min-bytes",
         },
     )
-    reward_version: str = field(default="rules-1", metadata={"help": "version stamped on rule rewards"})
+    reward_version: str = field(
+        default="rules-1",
+        metadata={
+            "help": "version stamped on rule rewards; the assembler takes only rule rewards of this version"
+        },
+    )
     timer_interval_s: float = 1.0
     session_timeout_s: float = 10.0  # a killed worker's partitions move on after this long
     partitions: int = TOPICS[AGENT_EVENTS].partitions  # of the source topics = of the state tables

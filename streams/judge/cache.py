@@ -3,8 +3,12 @@ task, context and step content) is not paid for twice. A bounded LRU in the work
 streams/judge/ledger.py `SharedReplyCache` backs it with a Kafka topic, so a restarted judge, a
 replica or a replay of the log finds the replies paid for before.
 
-Only replies that parsed are stored. A hit is turned into events with `cached=True`, zero tokens
-and zero cost.
+Only replies that parsed are stored, each with what its call cost, when its events were made and
+their ids (`CallRecord`, a string in the cache). A hit for the same targets (a replay of the log, a
+restarted judge reading its input again) gives the call's own events again, byte for byte, so a
+replay reproduces every judge row, cost included; a hit for other targets with the same content is
+turned into events with `cached=True`, zero tokens and zero cost. Entries stored as plain text (before
+records) count as the latter.
 
 >>> import asyncio
 >>> c = ReplyCache(2)
@@ -18,6 +22,40 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from dataclasses import dataclass
+
+import orjson
+
+RECORD_PREFIX = "agentstream-judge-call/1\n"  # never the start of a model's reply
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """A cached reply and its call: the text, the call's facts (`CallMeta` fields), the time its
+    events carry and their ids (None for a plain-text entry).
+
+    >>> r = CallRecord("{}", {"judge_model": "m", "cost_usd": 0.5}, "2026-01-01T00:00:00+00:00", ["e1"])
+    >>> CallRecord.decode(r.encode()) == r, CallRecord.decode('{"score": 1}').meta
+    (True, None)
+    """
+
+    text: str
+    meta: dict | None = None
+    at: str | None = None
+    ids: list[str] | None = None
+
+    def encode(self) -> str:
+        if self.meta is None:
+            return self.text
+        body = {"text": self.text, "meta": self.meta, "at": self.at, "ids": self.ids}
+        return RECORD_PREFIX + orjson.dumps(body).decode()
+
+    @classmethod
+    def decode(cls, value: str) -> CallRecord:
+        if not value.startswith(RECORD_PREFIX):
+            return cls(value)
+        body = orjson.loads(value[len(RECORD_PREFIX) :])
+        return cls(body["text"], body["meta"], body["at"], body["ids"])
 
 
 def content_key(prompt_version: str, model: str, system: str, user: str) -> str:

@@ -12,8 +12,9 @@
 3. the call (streams/judge/client.py), then the settlement: the real cost of the reply; 0 for an
    HTTP error answer (not charged); the estimate kept for a call that got no answer at all (a
    timeout may still be charged by the provider);
-4. a reply that parsed is stored in the cache (durably, with the shared cache, before the events
-   are returned, so a replay of this batch finds it).
+4. a reply that parsed is stored in the cache with its call's facts (durably, with the shared
+   cache, before the events are returned): a replay of this batch gets the same events again,
+   cost included (streams/judge/cache.py `CallRecord`).
 
 The estimate is meant as an upper bound, so the cap holds (streams/judge/budget.py): the output at
 `max_tokens` (the endpoint never returns more) and the input at `chars_per_token` characters per
@@ -30,14 +31,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from schemas.events import EventBase
 from schemas.ids import derived_event_id
 from streams.errors import JudgeCallError
 from streams.judge.budget import Reservation, SpendBudget
-from streams.judge.cache import ReplyCache, content_key
+from streams.judge.cache import CallRecord, ReplyCache, content_key
 from streams.judge.client import CallResult, JudgeClient
 from streams.judge.config import JudgeConfig
 from streams.judge.parse import ParseError
@@ -98,21 +99,32 @@ class JudgeCalls:
         key = content_key(
             request.prompt.version, self.config.model, request.prompt.system, request.prompt.user
         )
-        text = await self._cached_text(key)
-        if text is not None:
+        cached = await self._cached_text(key)
+        if cached is not None:
             self.stats.cache_hits += 1
-            meta = CallMeta(self.config.model, request.prompt.version, cached=True)
-            return Outcome(reply_events(request, text, meta, self.now()))
+            return Outcome(self._from_cache(request, CallRecord.decode(cached)))
         future = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
-            outcome, usable_text = await self._call(request)
-            if usable_text is not None:
-                await self.cache.store(key, usable_text)
+            outcome, record = await self._call(request)
+            if record is not None:
+                await self.cache.store(key, record.encode())
         finally:
             self._inflight.pop(key, None)
             future.set_result(None)  # waiters on the same content read the cache now
         return outcome
+
+    def _from_cache(self, request: JudgeRequest, record: CallRecord) -> list[EventBase]:
+        """The call's own events when the record is of these targets (same ids), else events
+        marked cached at no cost."""
+        if record.meta is not None and record.at is not None:
+            events = reply_events(
+                request, record.text, CallMeta(**record.meta), datetime.fromisoformat(record.at)
+            )
+            if [e.event_id for e in events] == record.ids:
+                return events
+        meta = CallMeta(self.config.model, request.prompt.version, cached=True)
+        return reply_events(request, record.text, meta, self.now())
 
     async def _cached_text(self, key: str) -> str | None:
         text = self.cache.get(key)
@@ -121,7 +133,7 @@ class JudgeCalls:
             text = self.cache.get(key)
         return text
 
-    async def _call(self, request: JudgeRequest) -> tuple[Outcome, str | None]:
+    async def _call(self, request: JudgeRequest) -> tuple[Outcome, CallRecord | None]:
         reservation = None
         if self.budget.enabled:
             reservation = await self._reserve(self.estimate(request))
@@ -143,7 +155,9 @@ class JudgeCalls:
         self.stats.cost_usd += cost
         return self._reply(request, result, cost)
 
-    def _reply(self, request: JudgeRequest, result: CallResult, cost: float) -> tuple[Outcome, str | None]:
+    def _reply(
+        self, request: JudgeRequest, result: CallResult, cost: float
+    ) -> tuple[Outcome, CallRecord | None]:
         meta = CallMeta(
             result.model or self.config.model,
             request.prompt.version,
@@ -152,13 +166,16 @@ class JudgeCalls:
             cost,
             result.latency_ms,
         )
+        now = self.now()
         try:
-            events = reply_events(request, result.text, meta, self.now())
+            events = reply_events(request, result.text, meta, now)
         except ParseError as exc:
-            events = failure_events(request, str(exc), "parse", self.now(), result.attempts, meta=meta)
+            events = failure_events(request, str(exc), "parse", now, result.attempts, meta=meta)
             return Outcome(events), None
-        usable = any(e.type != "reward.judge.failed" for e in events)
-        return Outcome(events), (result.text if usable else None)
+        if not any(e.type != "reward.judge.failed" for e in events):
+            return Outcome(events), None
+        record = CallRecord(result.text, asdict(meta), now.isoformat(), [e.event_id for e in events])
+        return Outcome(events), record
 
     async def _reserve(self, amount: float) -> Reservation:
         reservation = await self.budget.reserve(amount)

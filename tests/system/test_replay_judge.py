@@ -30,9 +30,6 @@ from tests.support.streams_helpers import make_trajectory, publish, read_topic, 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TRAJECTORIES, STEPS = 6, 3
-# What a judge event says about the call that made it, not about the judgment: a reply served from
-# the cache is published again with cached=true, no tokens, no cost and the time of the replay.
-CALL_FACTS = ("occurred_at", "input_tokens", "output_tokens", "cost_usd", "latency_ms", "cached")
 
 
 def _env(server: MessagesServer) -> dict[str, str]:
@@ -63,26 +60,11 @@ def _scored(bootstrap: str) -> list[dict]:
 
 
 def _comparable(tables: dict[str, list[tuple]], columns: dict[str, list[str]]) -> dict[str, list[tuple]]:
-    """The snapshot less `events.offset` (where the raw row was last read from) and less the judge
-    events' call facts, in `judge_scores` and in the raw judge events."""
-    out = dict(tables)
-    events = columns["events"]
-    offset, raw = events.index("offset"), events.index("raw")
-    out["events"] = [_raw_without_call_facts(row, offset, raw, events) for row in tables["events"]]
-    judge = columns["judge_scores"]
-    keep = [i for i, name in enumerate(judge) if name not in CALL_FACTS]
-    out["judge_scores"] = sorted(tuple(row[i] for i in keep) for row in tables["judge_scores"])
-    return out
-
-
-def _raw_without_call_facts(row: tuple, offset: int, raw: int, names: list[str]) -> tuple:
-    values = dict(zip(names, row, strict=True))
-    del values["offset"]
-    if values["type"].startswith("reward.judge."):
-        body = orjson.loads(values["raw"])
-        values["raw"] = orjson.dumps({k: v for k, v in body.items() if k not in CALL_FACTS}).decode()
-        values["occurred_at"] = ""
-    return tuple(values.values())
+    """The snapshot less `events.offset` (where the raw row was last read from: the newer copy).
+    Judge rows stay whole: a reply served from the cache for the same targets is the call's own
+    events again, tokens, cost and time included (streams/judge/cache.py `CallRecord`)."""
+    offset = columns["events"].index("offset")
+    return {**tables, "events": [row[:offset] + row[offset + 1 :] for row in tables["events"]]}
 
 
 def _columns(client, table: str) -> list[str]:
