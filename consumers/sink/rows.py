@@ -80,6 +80,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "batch_ids trajectory_ids behaviour_versions source_ranges staleness_histogram dropped_groups "
         "metrics loss is_ratio_mean is_ratio_max ess clipped_fraction kl"
     ),
+    "trajectory_versions_seen": _columns("reward_version"),
     "reward_versions": _columns(
         "version event_id occurred_at roles source_end_offsets since started_at completed_at app_id producer"
     ),
@@ -205,6 +206,11 @@ def trajectory_row(e: TrajectoryScored) -> Row:
     )  # fmt: skip
 
 
+def version_seen_row(e: TrajectoryScored) -> Row:
+    """The trajectory's reward version, seen now (the table keeps the first time: migration 0009)."""
+    return (e.reward_version,)
+
+
 def batch_row(e: BatchBuilt) -> Row:
     return _row(
         "batches", e, trajectory_ids=list(e.trajectory_ids), source_offsets=_json(e.source_offsets),
@@ -260,6 +266,7 @@ TYPED: dict[str, tuple[str, Callable[[EventBase], Row]]] = {
 # event type -> further (table, row builder)s: policy.updated also keeps its original table
 ALSO: dict[str, tuple[tuple[str, Callable[[EventBase], Row]], ...]] = {
     "policy.updated": (("policy_versions", policy_version_row),),
+    "trajectory.scored": (("trajectory_versions_seen", version_seen_row),),
 }
 
 

@@ -9,8 +9,8 @@
 -- exchange, drop the old one); rows inserted into the old table while it copies would be lost, so it
 -- runs where migrations run: when the sink (or `agentstream db migrate`) starts, before it consumes.
 
--- ingested_at: when the sink wrote the row. The first version seen is the live one (what the live
--- assembler stamps). Rows written before this migration take their occurred_at.
+-- ingested_at: when the sink last wrote the row (a replay of the same version writes it again).
+-- Rows written before this migration take their occurred_at.
 ALTER TABLE agentstream.trajectories
     ADD COLUMN IF NOT EXISTS ingested_at DateTime64(3, 'UTC') DEFAULT occurred_at;
 
@@ -57,6 +57,21 @@ AS SELECT
     steps, metadata, reward_definition, step_layers, step_missing_layers, missing_layers, ingested_at
 FROM agentstream.trajectories;
 
+-- When each trajectory reward version was first written: the sink adds a row per trajectory.scored
+-- and the table keeps the smallest time, so writing a version again (a replay of the live version)
+-- never moves it. Filled here from the rows already there. The first version written is the live
+-- one: what the live assembler stamps.
+CREATE TABLE IF NOT EXISTS agentstream.trajectory_versions_seen
+(
+    reward_version String,
+    first_seen SimpleAggregateFunction(min, DateTime64(3, 'UTC')) DEFAULT now64(3)
+)
+ENGINE = AggregatingMergeTree
+ORDER BY reward_version
+AS SELECT toString(reward_version) AS reward_version, min(ingested_at) AS first_seen
+FROM agentstream.trajectories
+GROUP BY reward_version;
+
 -- The registry: one row per completed replay version (`reward.version.completed` on the
 -- `reward.versions` topic, published by `agentstream replay` when it finishes). A version replayed
 -- again keeps its latest completion.
@@ -76,36 +91,50 @@ CREATE TABLE IF NOT EXISTS agentstream.reward_versions
 ENGINE = ReplacingMergeTree(completed_at)
 ORDER BY version;
 
--- Every reward version in `trajectories`: how many trajectories, when first and last written, the
--- completed replay of its rules version (if any), `live` (the first version written: what the live
--- assembler stamps) and `complete` (live, or a completed replay).
+-- Every reward version in `trajectories`: how many trajectories, when first seen and last written,
+-- the completed replay of its rules version (if any), `live` (the first version seen: what the live
+-- assembler stamps) and `complete` (live, or a completed replay). Rows inserted without the sink
+-- (no trajectory_versions_seen row) count as first seen when first written.
 CREATE OR REPLACE VIEW agentstream.trajectory_versions AS
 SELECT
-    t.reward_version AS reward_version,
-    t.rules_version AS rules_version,
-    t.trajectories AS trajectories,
-    t.first_seen AS first_seen,
-    t.last_seen AS last_seen,
+    v.reward_version AS reward_version,
+    v.rules_version AS rules_version,
+    v.trajectories AS trajectories,
+    v.first_seen AS first_seen,
+    v.last_seen AS last_seen,
     r.completed_at AS completed_at,
     r.roles AS replay_roles,
-    toUInt8(t.reward_version = (
-        SELECT toString(argMin(reward_version, (ingested_at, reward_version))) FROM agentstream.trajectories
-    )) AS live,
+    toUInt8(v.reward_version = argMin(v.reward_version, (v.first_seen, v.reward_version)) OVER ()) AS live,
     toUInt8(live OR r.completed_at IS NOT NULL) AS complete
 FROM
 (
     SELECT
-        toString(reward_version) AS reward_version,
-        if(position(reward_version, '+') > 0, substring(reward_version, position(reward_version, '+') + 1),
-           toString(reward_version)) AS rules_version,
-        uniqExact(trajectory_id) AS trajectories,
-        min(ingested_at) AS first_seen,
-        max(ingested_at) AS last_seen
-    FROM agentstream.trajectories
-    GROUP BY reward_version
-) AS t
+        t.reward_version AS reward_version,
+        t.rules_version AS rules_version,
+        t.trajectories AS trajectories,
+        ifNull(s.first_seen, t.first_written) AS first_seen,
+        t.last_seen AS last_seen
+    FROM
+    (
+        SELECT
+            toString(reward_version) AS reward_version,
+            if(position(reward_version, '+') > 0, substring(reward_version, position(reward_version, '+') + 1),
+               toString(reward_version)) AS rules_version,
+            uniqExact(trajectory_id) AS trajectories,
+            min(ingested_at) AS first_written,
+            max(ingested_at) AS last_seen
+        FROM agentstream.trajectories
+        GROUP BY reward_version
+    ) AS t
+    LEFT JOIN
+    (
+        SELECT reward_version, min(first_seen) AS first_seen
+        FROM agentstream.trajectory_versions_seen
+        GROUP BY reward_version
+    ) AS s ON t.reward_version = s.reward_version
+) AS v
 LEFT JOIN (SELECT version, completed_at, roles FROM agentstream.reward_versions FINAL) AS r
-    ON t.rules_version = r.version
+    ON v.rules_version = r.version
 SETTINGS join_use_nulls = 1;
 
 -- The newest complete version: the one of the latest completed replay that has trajectories, else
