@@ -37,6 +37,7 @@ def trajectories_sql(trajectory_ids: list[str]) -> Sql:
     return Sql(
         "SELECT trajectory_id, policy_version, success, total_reward, total_steps "
         f"FROM {DATABASE}.trajectories FINAL WHERE trajectory_id IN {{ids:Array(String)}} "
+        f"AND reward_version IN (SELECT reward_version FROM {DATABASE}.trajectory_versions WHERE live) "
         "ORDER BY trajectory_id",
         {"ids": list(trajectory_ids)},
     )

@@ -15,14 +15,18 @@ replay under a new version adds events with new ids beside the old ones.
 
 Roles (`SOURCES`): `rules`, `judge` (its reply cache and budget are the live judge's: unchanged
 inputs cost nothing), `assembler` (it takes only rule rewards of its version, so it never mixes
-versions, and the live assembler never takes a replay's). They run in two phases (`PHASES`): the
-producers of rewards first, then the assembler, whose derived sources (`UPSTREAM`: reward.rule,
-reward.judge) are measured again once they are done, so it reads every reward the replay made.
-A role's own internal topics (`INTERNAL`: the judge's group-mode forwards) are measured once its
-sources are caught up. `trainer` is refused with the reason (`NOT_YET`).
+versions, and the live assembler never takes a replay's), `trainer` (`agentstream trainer` under the
+replay's group, taking only trajectories of the version; a batch's id is its kind and trajectory
+ids, so a batch cut the same way is the same batch). They run in phases (`PHASES`): the producers
+of rewards first, then the assembler, then the trainer; a phase's derived sources (`UPSTREAM`:
+reward.rule, reward.judge, trajectory.scored) are measured again once the roles writing them are
+done, so it reads everything the replay made. A role's own internal topics (`INTERNAL`: the judge's
+group-mode forwards) are measured once its sources are caught up. `NOT_YET` names roles that cannot
+be replayed (none now).
 
 This module owns the plan (offsets, group names), the lag and the wait; the workers themselves are
-`agentstream worker` in child processes (infra.supervisor, run by infra/commands/replay.py).
+`agentstream worker` / `agentstream trainer` in child processes (infra.supervisor, run by
+infra/commands/replay.py).
 """
 
 from __future__ import annotations
@@ -43,18 +47,18 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "rules": (topics.AGENT_EVENTS,),
     "judge": (topics.AGENT_EVENTS,),
     "assembler": (topics.AGENT_EVENTS, topics.REWARD_RULE, topics.REWARD_JUDGE, topics.FEEDBACK_HUMAN),
+    "trainer": (topics.TRAJECTORY_SCORED,),
 }
 # Sources that replayed roles write to while the replay runs: source -> the role writing it.
 UPSTREAM: dict[str, dict[str, str]] = {
     "assembler": {topics.REWARD_RULE: "rules", topics.REWARD_JUDGE: "judge"},
+    "trainer": {topics.TRAJECTORY_SCORED: "assembler"},
 }
 # A role's own topics, `<its app id>-<suffix>` (streams/shell.py `internal_topic`), that it reads too.
 INTERNAL: dict[str, tuple[str, ...]] = {"judge": ("judge-groups",)}
 # Roles of a phase run together; a phase starts when the one before it is caught up.
-PHASES: tuple[tuple[str, ...], ...] = (("rules", "judge"), ("assembler",))
-NOT_YET = {
-    "trainer": "the trainer does not yet select trajectories by reward version",
-}
+PHASES: tuple[tuple[str, ...], ...] = (("rules", "judge"), ("assembler",), ("trainer",))
+NOT_YET: dict[str, str] = {}
 
 
 class ReplayError(InfraError):

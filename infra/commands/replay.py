@@ -74,6 +74,21 @@ def _add_worker_options(parser) -> None:
         help="assembler: its grace period in the replay; after catching up the replay waits this long "
         "so incomplete trajectories are emitted (all input is already in the log)",
     )
+    parser.add_argument(
+        "--trainer-kinds", default=None, help="trainer: batch kinds (the trainer's default otherwise)"
+    )
+    parser.add_argument(
+        "--trainer-flush-s",
+        type=float,
+        default=2.0,
+        help="trainer: flush ready trajectories after this long (batches are also cut by count)",
+    )
+    parser.add_argument(
+        "--trainer-idle-s",
+        type=float,
+        default=10.0,
+        help="trainer: done once it has had no input for this long (it then flushes and exits)",
+    )
 
 
 def _timestamp(text: str) -> datetime:
@@ -87,6 +102,7 @@ def _timestamp(text: str) -> datetime:
 def run_replay(args) -> int:
     from infra import replay
     from infra.cli import output
+    from producers.reward_versions import completed_event, publish_completed
 
     settings = Settings.from_args(args)
     roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
@@ -104,12 +120,17 @@ def run_replay(args) -> int:
         "AGENTSTREAM_DATA_DIR": str(settings.data_dir),
         "AGENTSTREAM_LOG_LEVEL": str(args.log_level),
     }
-    started = time.monotonic()
+    started, started_at = time.monotonic(), datetime.now(UTC)
     deadline = None if args.timeout is None else started + args.timeout
     done: tuple[str, ...] = ()
     for phase in replay.phases(plan.roles):
         plan = _run_phase(args, plan, phase, done, env, deadline)
         done += phase
+    # registered complete: the readers' default version becomes this one (docs/reward-versions.md)
+    event = completed_event(
+        plan.reward_version, plan.roles, plan.ends, started_at, since=args.since, app_id=plan.app_prefix
+    )
+    publish_completed(settings.bootstrap_servers, event)
     output.say(
         f"replay done: {plan.total:,} records in {time.monotonic() - started:.1f}s "
         f"under {plan.reward_version}"
@@ -130,6 +151,9 @@ def _run_phase(args, plan, phase: tuple[str, ...], done: tuple[str, ...], env: d
     supervisor = Supervisor(children, env=env, on_event=lambda m: log.warning("replay: %s", m))
     try:
         supervisor.start()
+        if phase == ("trainer",):
+            _wait_for_trainer(supervisor, deadline)
+            return plan
         alive = lambda: not supervisor.poll()  # noqa: E731
         plan = replay.follow(bootstrap, plan, phase, alive, _printer(), deadline=deadline)
         if "assembler" in phase:
@@ -139,7 +163,26 @@ def _run_phase(args, plan, phase: tuple[str, ...], done: tuple[str, ...], env: d
     return plan
 
 
+def _wait_for_trainer(supervisor, deadline: float | None) -> None:
+    """The replayed trainer is done when it exits 0 after `--idle-exit-s` without input: its
+    committed offsets may stay behind for good (a group short of `--min-group-size` holds its
+    members' offsets), so they cannot tell."""
+    from infra.replay import ReplayError
+
+    sys.stderr.write("trainer: building batches until it has read everything and is idle\n")
+    while not supervisor.poll():
+        if deadline is not None and time.monotonic() > deadline:
+            raise ReplayError("the trainer did not finish before the timeout")
+        time.sleep(0.5)
+    code = supervisor.running["trainer"].last_exit
+    if code != 0:
+        raise ReplayError(f"the replayed trainer exited with {code} (see its log above)")
+    sys.stderr.write("trainer: done\n")
+
+
 def _worker_args(args, plan, role: str) -> tuple[str, ...]:
+    if role == "trainer":  # its own command; its consumer group is an option, not an app id
+        return _trainer_args(args, plan)
     argv = [
         "worker",
         "--roles",
@@ -157,6 +200,24 @@ def _worker_args(args, plan, role: str) -> tuple[str, ...]:
         argv += ["--grace-seconds", str(args.grace_seconds)]
         if args.expect_judge or "judge" in plan.roles:
             argv.append("--expect-judge")
+    return tuple(argv)
+
+
+def _trainer_args(args, plan) -> tuple[str, ...]:
+    """The replayed trainer: the replay's group, the version's trajectories only, batches cut by
+    count and flushed within `--trainer-flush-s`; a group still short of members, or of one reward
+    definition, is built after `--grace-seconds` (all the input is in the log already, so a member
+    that has not come by then is not coming within the replayed range)."""
+    argv = ["trainer", "--group-id", plan.group("trainer"), "--reward-version", plan.reward_version]
+    argv += ["--flush-interval-s", str(args.trainer_flush_s), "--idle-exit-s", str(args.trainer_idle_s)]
+    argv += [
+        "--group-timeout-s",
+        str(args.grace_seconds),
+        "--group-definition-wait-s",
+        str(args.grace_seconds),
+    ]
+    if args.trainer_kinds:
+        argv += ["--kinds", args.trainer_kinds]
     return tuple(argv)
 
 

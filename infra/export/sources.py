@@ -36,7 +36,9 @@ COLUMNS = (
     "ended_at, steps, metadata"
 )
 FILTER = (
-    "complete = 1 AND (length({versions:Array(String)}) = 0 OR has({versions:Array(String)}, reward_version))"
+    "complete = 1 AND if(length({versions:Array(String)}) = 0, "
+    "reward_version = (SELECT reward_version FROM agentstream.reward_version_default), "
+    "has({versions:Array(String)}, reward_version))"
 )
 
 

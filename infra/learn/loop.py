@@ -212,7 +212,8 @@ def mean_rewards(stack) -> dict[str, float]:
     """Mean online total reward of the rollouts' trajectories, by the version that sampled them."""
     sql = (
         "SELECT ifNull(policy_version, 'base'), avg(total_reward) FROM agentstream.trajectories FINAL "
-        "WHERE total_reward IS NOT NULL GROUP BY 1"
+        "WHERE total_reward IS NOT NULL AND reward_version IN "
+        "(SELECT reward_version FROM agentstream.trajectory_versions WHERE live) GROUP BY 1"
     )
     try:
         return {version: round(float(mean), 4) for version, mean in stack.query(sql)}

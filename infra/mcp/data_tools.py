@@ -94,7 +94,8 @@ def scored_from_json(items: list[Any]) -> list[TrajectoryScored]:
 
 def scored_sql(task_id: str | None, limit: int) -> Sql:
     """The newest `trajectory.scored` event of each trajectory (of one task), as stored."""
-    where = "WHERE task_id = {task_id:String}" if task_id else ""
+    where = f"WHERE reward_version = (SELECT reward_version FROM {DATABASE}.reward_version_default)"
+    where += " AND task_id = {task_id:String}" if task_id else ""
     return Sql(
         f"SELECT raw FROM {DATABASE}.events WHERE type = 'trajectory.scored' AND event_id IN "
         f"(SELECT event_id FROM {DATABASE}.trajectories FINAL {where}) "

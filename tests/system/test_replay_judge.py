@@ -63,8 +63,13 @@ def _comparable(tables: dict[str, list[tuple]], columns: dict[str, list[str]]) -
     """The snapshot less `events.offset` (where the raw row was last read from: the newer copy).
     Judge rows stay whole: a reply served from the cache for the same targets is the call's own
     events again, tokens, cost and time included (streams/judge/cache.py `CallRecord`)."""
-    offset = columns["events"].index("offset")
-    return {**tables, "events": [row[:offset] + row[offset + 1 :] for row in tables["events"]]}
+    offset, kind = columns["events"].index("offset"), columns["events"].index("type")
+    events = [
+        row[:offset] + row[offset + 1 :]
+        for row in tables["events"]
+        if row[kind] != "reward.version.completed"
+    ]
+    return {**tables, "events": events, "reward_versions": []}  # each completed run registers itself
 
 
 def _columns(client, table: str) -> list[str]:

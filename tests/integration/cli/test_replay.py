@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from clients.kafka import ensure_topics, read_to_end
-from schemas.topics import REWARD_RULE, TRAJECTORY_SCORED
+from schemas.topics import REWARD_RULE, TRAINING_BATCHES, TRAJECTORY_SCORED
 from tests.support.processes import AGENTSTREAM, Proc, wait_for
 from tests.support.sink_harness import group_caught_up, publish, reader, rows, scalar, snapshot, start_sink
 from tests.support.streams_helpers import make_trajectory, worker_args
@@ -51,10 +51,14 @@ def _rule_events(bootstrap: str) -> list[dict]:
 
 
 def _without_offsets(tables: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
-    """The snapshot less `events.offset`: the raw-event log says where the row was last read from,
-    which for a replayed event is its newer copy (id, type, content and partition are the same)."""
+    """The snapshot less `events.offset` (the raw-event log says where the row was last read from,
+    which for a replayed event is its newer copy: id, type, content and partition are the same) and
+    less the replays' registry (each run that completes says so: `reward.version.completed`)."""
     offset = 8  # event_id, type, schema_version, trajectory_id, occurred_at, producer, topic, partition
-    return {**tables, "events": [row[:offset] + row[offset + 1 :] for row in tables["events"]]}
+    events = [
+        row[:offset] + row[offset + 1 :] for row in tables["events"] if row[1] != "reward.version.completed"
+    ]
+    return {**tables, "events": events, "reward_versions": []}
 
 
 def _publish_trajectories(bootstrap: str, prefix: str) -> None:
@@ -117,12 +121,51 @@ def test_replay_since_reads_only_later_records(broker, tmp_path):
 
 @pytest.mark.parametrize(
     ("roles", "message"),
-    [("rules,trainer", "replaying 'trainer' is not supported yet"), ("nope", "unknown role 'nope'")],
+    [("rules,nope", "unknown role 'nope'"), ("", "name at least one role")],
 )
 def test_replay_refuses_roles_it_cannot_replay(broker, tmp_path, roles, message):
     done = _replay(broker.bootstrap, tmp_path, "--roles", roles, "--reward-version", "v2")
     assert done.returncode != 0
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_trainer_replay_under_the_same_version_rebuilds_the_same_batches(broker, clickhouse_url, tmp_path):
+    """Rules, assembler and trainer replayed from offset 0 under rules-1. Again into the same data
+    directory: the trainer finds its batches built (manifests) and every table stays the same. Into a
+    fresh one: it rebuilds them, with the same ids and the same content (sha256, rows)."""
+    _publish_trajectories(broker.bootstrap, "b")
+    roles = ("--roles", "rules,assembler,trainer", "--reward-version", "rules-1", "--grace-seconds", "3")
+    first = _replay(broker.bootstrap, tmp_path, *roles)
+    assert first.returncode == 0, first.stderr[-3000:]
+    built = _batches(broker.bootstrap)
+    assert built and all(b["reward_versions"] == ["assembly-1+rules-1"] for b in built.values())
+    sink = start_sink(broker.bootstrap, clickhouse_url, tmp_path / "sink")
+    try:
+        client = reader(clickhouse_url)
+        wait_for(lambda: group_caught_up(broker.bootstrap), what="the sink to read the first run")
+        before = snapshot(client)
+        assert len(before["batches"]) == len(built)
+        again = _replay(broker.bootstrap, tmp_path, *roles)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert _batches(broker.bootstrap) == built  # nothing new: the same batches, found built
+        wait_for(lambda: group_caught_up(broker.bootstrap), what="the sink to read the replay")
+        assert _without_offsets(snapshot(client)) == _without_offsets(before)
+    finally:
+        sink.proc.stop()
+    fresh = _replay(broker.bootstrap, tmp_path / "fresh", *roles)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    rebuilt = [orjson.loads(r.value) for r in read_to_end(broker.bootstrap, [TRAINING_BATCHES])]
+    elsewhere = [b for b in rebuilt if str(tmp_path / "fresh") in b["path"]]
+    same = ("batch_id", "kind", "sha256", "row_count", "trajectory_ids", "reward_versions")
+    assert sorted(tuple(str(b[k]) for k in same) for b in elsewhere) == sorted(
+        tuple(str(b[k]) for k in same) for b in built.values()
+    )
+
+
+def _batches(bootstrap: str) -> dict[str, dict]:
+    return {
+        b["event_id"]: b for b in (orjson.loads(r.value) for r in read_to_end(bootstrap, [TRAINING_BATCHES]))
+    }
 
 
 def _scored(bootstrap: str) -> list[dict]:

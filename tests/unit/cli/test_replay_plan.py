@@ -30,10 +30,10 @@ def test_a_version_that_cannot_name_a_group_is_refused_with_its_value(version):
     assert repr(version) in str(caught.value)
 
 
-def test_roles_not_replayable_yet_say_why():
-    assert check_roles(("rules", "judge", "assembler")) == ("rules", "judge", "assembler")
-    with pytest.raises(ReplayError, match="'trainer' is not supported yet: the trainer does not yet select"):
-        check_roles(("rules", "trainer"))
+def test_every_role_is_replayable_in_phases_and_unknown_ones_are_refused():
+    roles = ("trainer", "rules", "judge", "assembler")
+    assert check_roles(roles) == roles
+    assert phases(roles) == [("rules", "judge"), ("assembler",), ("trainer",)]
     with pytest.raises(ReplayError, match="unknown role 'x'"):
         check_roles(("x",))
 
