@@ -5,19 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from schemas.codec import decode, encode, encode_key
-from schemas.topics import AGENT_EVENTS
+from schemas.codec import decode
 from tests.support.processes import AGENTSTREAM, Proc
+from tests.support.sink_harness import publish
 
 
 def produce(bootstrap: str, events) -> None:
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    for event in events:
-        producer.send(AGENT_EVENTS, key=encode_key(event), value=encode(event))
-    producer.flush()
-    producer.close()
+    """Publish agent events (acks=all), keyed by trajectory."""
+    publish(bootstrap, events)
 
 
 class TopicReader:

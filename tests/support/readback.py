@@ -33,3 +33,12 @@ def count_records(bootstrap: str, topic: str) -> int:
         return sum(consumer.end_offsets(tps).values()) if tps else 0
     finally:
         consumer.close()
+
+
+def built_batches(bootstrap: str) -> list:
+    """Every `batch.built` event on `training.batches`, decoded (the trainer's announcements)."""
+    from schemas.codec import decode
+    from schemas.topics import TRAINING_BATCHES
+
+    events = [decode(r.value) for r in read_to_end(bootstrap, [TRAINING_BATCHES])]
+    return [e for e in events if e.type == "batch.built"]

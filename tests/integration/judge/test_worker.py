@@ -8,44 +8,19 @@ import time
 import pytest
 
 from clients.kafka import ensure_topics
-from schemas.codec import decode, encode, encode_key
 from schemas.topics import AGENT_EVENTS, DLQ, REWARD_JUDGE
 from streams.judge.messages_server import MessagesServer
 from streams.judge.selection import sample_fraction
 from tests.support.judge_events import trajectory
+from tests.support.judge_worker import TopicReader
 from tests.support.processes import AGENTSTREAM, Proc, wait_for
+from tests.support.sink_harness import publish
 
 pytestmark = pytest.mark.integration
 
 
 def _produce(bootstrap: str, events, raw: list[bytes] = ()) -> None:
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    for event in events:
-        producer.send(AGENT_EVENTS, key=encode_key(event), value=encode(event))
-    for payload in raw:
-        producer.send(AGENT_EVENTS, key=b"bad", value=payload)
-    producer.flush()
-    producer.close()
-
-
-class TopicReader:
-    def __init__(self, bootstrap: str, topic: str):
-        from kafka import KafkaConsumer
-
-        self.consumer = KafkaConsumer(
-            topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
-        )
-        self.events = []
-
-    def poll(self):
-        for records in self.consumer.poll(timeout_ms=200).values():
-            self.events += [decode(r.value) for r in records]
-        return self.events
-
-    def close(self):
-        self.consumer.close()
+    publish(bootstrap, events, [(AGENT_EVENTS, b"bad", payload) for payload in raw])
 
 
 def _worker(broker, tmp_path, server, rules_path, name, roles="judge", log_level="INFO", **extra_env):

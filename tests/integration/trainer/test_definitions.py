@@ -7,39 +7,15 @@ from __future__ import annotations
 import pytest
 
 from clients.kafka import ensure_topics
-from schemas import topics
-from schemas.codec import decode, encode
 from tests.support.processes import AGENTSTREAM, Proc, wait_for
+from tests.support.readback import built_batches
+from tests.support.sink_harness import publish
 from tests.support.trainer_data import golden_group
 
 pytestmark = pytest.mark.integration
 
 JUDGED = "rules+judge@assembly-1+rules-1"
 RULES = "rules@assembly-1+rules-1"
-
-
-def _publish(bootstrap: str, trajectories) -> None:
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    for t in trajectories:
-        producer.send(topics.TRAJECTORY_SCORED, key=t.trajectory_id.encode(), value=encode(t)).get(timeout=30)
-    producer.close()
-
-
-def _built(bootstrap: str) -> list:
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=1000)
-    parts = [
-        TopicPartition(topics.TRAINING_BATCHES, p)
-        for p in consumer.partitions_for_topic(topics.TRAINING_BATCHES) or ()
-    ]
-    consumer.assign(parts)
-    consumer.seek_to_beginning(*parts)
-    events = [decode(r.value) for r in consumer]
-    consumer.close()
-    return [e for e in events if e.type == "batch.built"]
 
 
 def _group(task: str, definitions: list[str], revision: int = 0):
@@ -57,13 +33,13 @@ def test_mixed_groups_wait_for_agreement_then_keep_one_definition(broker, tmp_pa
     trainer = Proc(args, tmp_path / "trainer.log")
     try:
         # task-a: one member scored without the judge, and it stays so
-        _publish(broker.bootstrap, _group("task-a", [RULES, JUDGED, JUDGED, JUDGED]))
+        publish(broker.bootstrap, _group("task-a", [RULES, JUDGED, JUDGED, JUDGED]))
         # task-b: the same, but the judge's late score gives that member a new revision in time
         late = _group("task-b", [RULES, JUDGED, JUDGED, JUDGED])
-        _publish(broker.bootstrap, late)
-        _publish(broker.bootstrap, [late[0].model_copy(update={"reward_definition": JUDGED, "revision": 1})])
+        publish(broker.bootstrap, late)
+        publish(broker.bootstrap, [late[0].model_copy(update={"reward_definition": JUDGED, "revision": 1})])
         built = wait_for(
-            lambda: len(b := _built(broker.bootstrap)) >= 2 and b, timeout_s=90, interval_s=0.5,
+            lambda: len(b := built_batches(broker.bootstrap)) >= 2 and b, timeout_s=90, interval_s=0.5,
             what=f"two GRPO batches\n{trainer.log_text()[-3000:]}",
         )  # fmt: skip
     finally:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from clients.kafka import ensure_topics
-from schemas import topics
-from schemas.codec import decode, encode
 from tests.support.processes import AGENTSTREAM, Proc, wait_for
+from tests.support.readback import built_batches
+from tests.support.sink_harness import publish
 from tests.support.trainer_data import golden_group
 
 pytestmark = pytest.mark.integration
@@ -29,30 +29,6 @@ def _versions() -> list:
     return [*live, *replay]
 
 
-def _publish(bootstrap: str, trajectories) -> None:
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    for t in trajectories:
-        producer.send(topics.TRAJECTORY_SCORED, key=t.trajectory_id.encode(), value=encode(t)).get(timeout=30)
-    producer.close()
-
-
-def _built(bootstrap: str) -> list:
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=1000)
-    parts = [
-        TopicPartition(topics.TRAINING_BATCHES, p)
-        for p in consumer.partitions_for_topic(topics.TRAINING_BATCHES) or ()
-    ]
-    consumer.assign(parts)
-    consumer.seek_to_beginning(*parts)
-    events = [decode(r.value) for r in consumer]
-    consumer.close()
-    return [e for e in events if e.type == "batch.built"]
-
-
 def _trainer(bootstrap: str, workdir: Path, name: str, *extra: str) -> Proc:
     workdir.mkdir()
     args = [*AGENTSTREAM, "trainer", "--bootstrap-servers", bootstrap, "--data-dir", str(workdir)]
@@ -63,12 +39,12 @@ def _trainer(bootstrap: str, workdir: Path, name: str, *extra: str) -> Proc:
 
 def test_the_trainer_batches_only_the_selected_reward_version(broker, tmp_path):
     ensure_topics(broker.bootstrap)
-    _publish(broker.bootstrap, _versions())
+    publish(broker.bootstrap, _versions())
     replay = _trainer(broker.bootstrap, tmp_path / "replay", "replay", "--reward-version", "rules-2")
     live = _trainer(broker.bootstrap, tmp_path / "live", "live")
     try:
         built = wait_for(
-            lambda: len(b := _built(broker.bootstrap)) >= 2 and b, timeout_s=120, interval_s=0.5,
+            lambda: len(b := built_batches(broker.bootstrap)) >= 2 and b, timeout_s=120, interval_s=0.5,
             what=f"two GRPO batches\n{replay.log_text()[-2000:]}\n{live.log_text()[-2000:]}",
         )  # fmt: skip
     finally:
