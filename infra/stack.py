@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,9 +46,15 @@ class StackConfig:
     def query(self, sql) -> list[tuple]:
         """The rows of `sql` (text or an `Sql` with bound values) on the stack's ClickHouse (waits
         while the sink opens chDB)."""
-        from clients.clickhouse.client import connect
+        from clients.clickhouse.client import chdb_path, connect, live_endpoint
         from infra.clickhouse.sql import run
 
+        path = chdb_path(self.clickhouse_url)
+        deadline = time.monotonic() + 30
+        # the stack's sink serves its chDB: never open the directory here before the sink has (that
+        # would find no tables, and take the lock the sink needs)
+        while path is not None and not live_endpoint(path) and time.monotonic() < deadline:
+            time.sleep(0.2)
         client = connect(self.clickhouse_url, wait_s=30)
         try:
             return run(client, sql)
