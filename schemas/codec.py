@@ -30,7 +30,34 @@ def encode_key(event: EventBase) -> bytes:
 
 
 def decode(data: bytes | bytearray | memoryview | str) -> Event:
-    """Decode bytes into the event model named by its `type` (tolerant; see module docstring)."""
+    """Decode bytes into the event model named by its `type` (tolerant; see module docstring).
+
+    The common case, a valid event of a version this reader knows, is validated straight from the
+    bytes in pydantic's native JSON parser (about a third cheaper than parsing to a dict first: every
+    hop decodes every event). Anything else takes `decode_checked`, which names what is wrong."""
+    if isinstance(data, memoryview):
+        data = data.tobytes()
+    try:
+        event = _EVENT_ADAPTER.validate_json(data)
+    except ValidationError:
+        return decode_checked(data)
+    if _may_be_non_finite(data) or int(event.schema_version.split(".", 1)[0]) > SCHEMA_MAJOR:
+        return decode_checked(data)
+    return event
+
+
+def _may_be_non_finite(data: bytes | bytearray | str) -> bool:
+    """pydantic's JSON parser takes NaN / Infinity literals, strict JSON (orjson) does not: input that
+    may hold one takes the checked path, which refuses it as invalid JSON as it always did."""
+    if isinstance(data, str):
+        data = data.encode()
+    # a one-byte search is a memchr; most events have no capital N or I outside their keys' values
+    return (b"N" in data and b"NaN" in data) or (b"I" in data and b"Infinity" in data)
+
+
+def decode_checked(data: bytes | bytearray | memoryview | str) -> Event:
+    """`decode` step by step: JSON, `type`, version, then fields; raises `DecodeError` naming each
+    problem. Also the reference the fast path must agree with."""
     try:
         raw = orjson.loads(data)
     except orjson.JSONDecodeError as exc:

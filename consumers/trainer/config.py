@@ -101,9 +101,21 @@ class TrainerConsumerConfig:
     )
     poll_timeout_ms: int = 200
     max_records: int = 500
+    fetch_min_bytes: int = field(
+        default=64 * 1024,
+        metadata={"help": "the broker answers a fetch once this many bytes are ready, or after the wait"},
+    )
+    fetch_max_wait_ms: int = field(
+        default=50, metadata={"help": "longest the broker holds a fetch waiting for --fetch-min-bytes"}
+    )
     planner: PlannerConfig = field(default_factory=PlannerConfig, metadata={"prefix": ""})
 
     def __post_init__(self):
+        if self.fetch_min_bytes < 1 or self.fetch_max_wait_ms < 0:
+            raise ConsumerConfigError(
+                "--fetch-min-bytes / --fetch-max-wait-ms: must be >= 1 / >= 0, "
+                f"got {self.fetch_min_bytes!r} / {self.fetch_max_wait_ms!r}"
+            )
         needing = [k for k in self.planner.kinds if KINDS[k].needs_tokenizer]
         if needing and not self.tokenizer:
             raise ConsumerConfigError(f"--kinds: {', '.join(needing)} needs --tokenizer PATH|tiny")

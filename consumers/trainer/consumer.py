@@ -81,7 +81,15 @@ class TrainerConsumer:
 
     def _clients(self):
         self.producer = make_producer(self.options.bootstrap_servers, STAGE)
-        self.consumer = make_consumer(self.options.bootstrap_servers, STAGE, self.options.group_id)
+        # A fetch waits for a few trajectories rather than answering each one: a Kafka client pays
+        # far more per fetch than per record (docs/benchmarks.md, "e2e: where the CPU goes").
+        self.consumer = make_consumer(
+            self.options.bootstrap_servers,
+            STAGE,
+            self.options.group_id,
+            fetch_min_bytes=self.options.fetch_min_bytes,
+            fetch_max_wait_ms=self.options.fetch_max_wait_ms,
+        )
 
     def _assign(self) -> None:
         from kafka import TopicPartition
