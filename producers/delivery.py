@@ -1,4 +1,6 @@
-"""Delivery from the spool to Kafka (kafka-python): the I/O shell around `producers.spool`.
+"""Delivery from the spool to Kafka: the I/O shell around `producers.spool`. Chunks are sent as
+record batches through aiokafka (`producers.batch_sender`); the in-doubt read-back uses a
+kafka-python consumer.
 
 `SpoolDelivery` sends spooled records in sequence order, one chunk at a time, and moves the spool's
 delivery cursor only after the broker acknowledged every record of the chunk (acks=all).
@@ -16,9 +18,10 @@ Duplicate-free replay (the guarantee, precisely):
   provided (a) one process at a time owns a spool slot (an flock enforces it), (b) the broker does
   not lose records it acknowledged, and (c) event ids are unique per event (the SDK derives them from
   the trajectory id and the step index). Order per trajectory: chunks are sent in sequence order and
-  a trajectory's records share one partition; kafka-python's idempotent producer keeps order within
-  a partition. Only a record that failed while a *later* record of the same partition was stored, in
-  the same chunk, can be re-sent after that later one; the steps keep their `step_index`.
+  a trajectory's records share one partition; the idempotent producer sends a partition's batches
+  in order and keeps that order across retries. Only a record that failed while a *later* record
+  of the same partition was stored, in the same chunk, can be re-sent after that later one; the
+  steps keep their `step_index`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from producers.batch_sender import BatchSender, SenderConfig
 from producers.errors import DeliveryFailed
 from producers.spool import Cursor, DeliveryIntent, Spool, SpoolRecord
 
@@ -40,7 +44,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class DeliveryConfig:
     """How the spool talks to Kafka. Producer settings: the project's limits (`clients.kafka`:
-    acks=all, idempotence on as kafka-python's default), `linger_ms` for batching."""
+    acks=all, idempotence on); records are sent as whole record batches (`producers.batch_sender`),
+    so `linger_ms` no longer applies to the SDK's sends (kept for callers that set it)."""
 
     bootstrap_servers: str
     client_id: str = "agentstream-sdk"
@@ -118,21 +123,11 @@ class SpoolDelivery:
     def _send(self, records: list[SpoolRecord]) -> None:
         if not records:
             return
-        producer = self._get_producer()
         self._ensure_topics({r.topic for r in records})
-        futures = [producer.send(r.topic, key=r.key, value=r.value) for r in records]
-        producer.flush(timeout=self.config.delivery_timeout_ms / 1000)
-        for record, future in zip(records, futures, strict=True):
-            if not future.is_done:
-                raise DeliveryFailed(f"no acknowledgement for event {record.event_id} (seq {record.seq})")
-            if future.failed():
-                raise DeliveryFailed(
-                    f"send of event {record.event_id} (seq {record.seq}) to {record.topic} failed: "
-                    f"{future.exception!r}"
-                )
-            metadata = future.value
-            bounds = self._bounds.setdefault(metadata.topic, {})
-            bounds[metadata.partition] = max(bounds.get(metadata.partition, 0), metadata.offset + 1)
+        for topic, ends in self._get_producer().send(records).items():
+            bounds = self._bounds.setdefault(topic, {})
+            for partition, end in ends.items():
+                bounds[partition] = max(bounds.get(partition, 0), end)
 
     def _lower_bounds(self, topics: set[str]) -> dict[str, dict[int, int]]:
         """A lower bound of each partition's end offset for `topics` (queried once, then raised by
@@ -152,16 +147,25 @@ class SpoolDelivery:
                 self._bounds[topic] = {
                     tp.partition: max(o, current.get(tp.partition, 0)) for tp, o in ends.items()
                 }
+            self._release_consumer()
         return {t: dict(self._bounds[t]) for t in topics}
 
     def _event_ids_since(self, offsets: dict[str, dict[int, int]], keys: set[bytes]) -> set[str]:
         """The event ids of records with one of `keys` stored at or after `offsets`."""
         from kafka import TopicPartition
 
-        consumer = self._get_consumer()
         partitions = [TopicPartition(t, p) for t, parts in offsets.items() for p in parts]
         if not partitions:
             return set()
+        try:
+            return self._read_event_ids(partitions, offsets, keys)
+        finally:
+            self._release_consumer()
+
+    def _read_event_ids(
+        self, partitions: list, offsets: dict[str, dict[int, int]], keys: set[bytes]
+    ) -> set[str]:
+        consumer = self._get_consumer()
         ends = consumer.end_offsets(partitions)
         consumer.assign(partitions)
         for tp in partitions:
@@ -173,7 +177,6 @@ class SpoolDelivery:
                 raise DeliveryFailed(f"timed out reading back {partitions} to check for in-doubt events")
             for batch in consumer.poll(timeout_ms=200, max_records=5000).values():
                 found.update(_event_id(r.value) for r in batch if r.key in keys)
-        consumer.assign([])
         return found
 
     def _ensure_topics(self, topics: set[str]) -> None:
@@ -190,20 +193,20 @@ class SpoolDelivery:
             )
         self._topics_ready |= todo
 
-    def _get_producer(self):
+    def _get_producer(self) -> BatchSender:
+        """The connected batch sender; raises within `connect_timeout_ms` while the broker is away."""
         if self._producer is None:
-            from clients.kafka import make_producer
-
             cfg = self.config
-            self._producer = make_producer(
-                cfg.bootstrap_servers,
-                cfg.client_id,
-                linger_ms=cfg.linger_ms,
-                request_timeout_ms=cfg.request_timeout_ms,
-                delivery_timeout_ms=cfg.delivery_timeout_ms,
-                bootstrap_timeout_ms=cfg.connect_timeout_ms,
-                max_block_ms=cfg.request_timeout_ms,
+            self._producer = BatchSender(
+                SenderConfig(
+                    cfg.bootstrap_servers,
+                    cfg.client_id,
+                    request_timeout_ms=cfg.request_timeout_ms,
+                    delivery_timeout_ms=cfg.delivery_timeout_ms,
+                    connect_timeout_ms=cfg.connect_timeout_ms,
+                )
             )
+        self._producer.connect()
         return self._producer
 
     def _get_consumer(self):
@@ -220,6 +223,16 @@ class SpoolDelivery:
             )
         return self._consumer
 
+    def _release_consumer(self) -> None:
+        """Close the read-back consumer between its rare uses (start-up, in-doubt recovery): an idle
+        kafka-python client keeps a network thread busy."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            try:
+                consumer.close()
+            except Exception:
+                log.debug("error closing the read-back consumer", exc_info=True)
+
     def reset(self) -> None:
         """Drop the clients after a failure; the next attempt reconnects."""
         producer, consumer = self._producer, self._consumer
@@ -228,7 +241,7 @@ class SpoolDelivery:
         for client in (producer, consumer):
             if client is not None:
                 try:
-                    client.close(timeout=0) if client is producer else client.close()
+                    client.close()
                 except Exception:  # closing a broken client must not mask the original failure
                     log.debug("error closing a kafka client", exc_info=True)
 

@@ -41,6 +41,8 @@ class RecorderConfig:
     chunk_records: int = 2000
     fsync: bool = True
     segment_bytes: int = 64 * 1024 * 1024
+    # undelivered records the delivery thread takes from memory rather than re-reading the spool
+    spool_cache_bytes: int = 16 * 1024 * 1024
     policy_ttl_s: float = 5.0
     connect_timeout_ms: int = 3000
     delivery_timeout_ms: int = 30_000
@@ -137,7 +139,12 @@ class RecordingPipeline:
         on_delivered: Callable[[list[SpoolRecord]], None] | None = None,
     ):
         self.config = config
-        self.spool = Spool.open_slot(spool_root, segment_bytes=config.segment_bytes, fsync=config.fsync)
+        self.spool = Spool.open_slot(
+            spool_root,
+            segment_bytes=config.segment_bytes,
+            fsync=config.fsync,
+            read_cache_bytes=config.spool_cache_bytes,
+        )
         self._base_seq = self.spool.end_seq  # acceptance number n is spool sequence base + n - 1
         self._buffer = EventBuffer(config.buffer_size, batch_items=config.chunk_records)
         self._progress = threading.Condition()

@@ -31,9 +31,13 @@ import fcntl
 import logging
 import os
 import struct
+import threading
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
+from typing import NamedTuple
 
 import crc32c
 import orjson
@@ -50,9 +54,9 @@ SEGMENT_SUFFIX = ".seg"
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class SpoolRecord:
-    """One spooled event: where it goes (topic, key), its id, its encoded bytes, its sequence."""
+class SpoolRecord(NamedTuple):
+    """One spooled event: where it goes (topic, key), its id, its encoded bytes, its sequence.
+    (A named tuple: one is built per event at least twice, and a tuple is the cheapest immutable.)"""
 
     topic: str
     key: bytes
@@ -134,13 +138,29 @@ class Spool:
     `append` is for one writer thread and `read`/`commit` for one delivery thread; they may run
     concurrently (the writer only appends to the tail; `read` never sees a record before `append`
     returned, because `end_seq` is advanced only after the fsync).
+
+    `read_cache_bytes` > 0 keeps the newest undelivered records this object appended in memory (up
+    to that many value bytes) and `read` serves them from there: the same records, already fsynced,
+    without reading back, CRC-checking and decoding each frame. Older records (a long outage, or
+    what an earlier process spooled) are read from disk as always.
     """
 
-    def __init__(self, directory: Path, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES, fsync: bool = True):
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        fsync: bool = True,
+        read_cache_bytes: int = 0,
+    ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.segment_bytes = segment_bytes
         self.fsync = fsync
+        self.read_cache_bytes = read_cache_bytes
+        self._cache: deque[SpoolRecord] = deque()  # consecutive seqs, the last one is end_seq - 1
+        self._cache_bytes = 0
+        self._cache_lock = threading.Lock()
         self._lock_fd = _lock(self.directory / "lock")
         try:
             self.cursor = self._load_cursor()
@@ -212,18 +232,58 @@ class Spool:
 
     def append(self, records: Iterable[SpoolRecord]) -> int:
         """Append records durably (one fsync for the batch); returns the new `end_seq`."""
-        frames = [encode_frame(r) for r in records]
-        if not frames:
+        records = list(records)
+        if not records:
             return self.end_seq
         handle = self._tail_handle()
-        handle.write(b"".join(frames))
+        handle.write(b"".join([encode_frame(r) for r in records]))
         handle.flush()
         if self.fsync:
             os.fsync(handle.fileno())
-        self.end_seq += len(frames)
+        if self.read_cache_bytes:
+            self._remember(records, self.end_seq)
+        self.end_seq += len(records)
         if handle.tell() >= self.segment_bytes:
             self._rotate()
         return self.end_seq
+
+    def _remember(self, records: list[SpoolRecord], first_seq: int) -> None:
+        """Keep freshly written records for `read` (see the class docstring), dropping the oldest
+        beyond `read_cache_bytes`."""
+        numbered = [SpoolRecord(r[0], r[1], r[2], r[3], seq) for seq, r in enumerate(records, first_seq)]
+        size = sum(len(r[3]) for r in records)
+        with self._cache_lock:
+            cache = self._cache
+            if cache and cache[-1].seq != first_seq - 1:
+                cache.clear()
+                self._cache_bytes = 0
+            cache.extend(numbered)
+            self._cache_bytes += size
+            while self._cache_bytes > self.read_cache_bytes and len(cache) > 1:
+                self._cache_bytes -= len(cache.popleft().value)
+
+    def _forget(self, below_seq: int) -> None:
+        """Drop cached records with `seq < below_seq` (delivered)."""
+        with self._cache_lock:
+            cache = self._cache
+            while cache and cache[0].seq < below_seq:
+                self._cache_bytes -= len(cache.popleft().value)
+
+    def _read_cached(self, from_seq: int, max_records: int, max_bytes: int) -> list[SpoolRecord] | None:
+        """What `read` returns, from the cache; None when `from_seq` is not (or no longer) there."""
+        end = self.end_seq
+        with self._cache_lock:
+            cache = self._cache
+            if not cache or not cache[0].seq <= from_seq <= cache[-1].seq + 1:
+                return None
+            out: list[SpoolRecord] = []
+            size = 0
+            for record in islice(cache, from_seq - cache[0].seq, None):
+                if record.seq >= end or len(out) >= max_records or size >= max_bytes:
+                    break
+                out.append(record)
+                size += len(record.value)
+            return out
 
     def _tail_handle(self):
         if self._tail is None:
@@ -254,6 +314,10 @@ class Spool:
         self, from_seq: int, max_records: int = 1000, max_bytes: int = 4 * 1024 * 1024
     ) -> list[SpoolRecord]:
         """Records `from_seq, from_seq+1, ...` (fewer when the spool ends or a limit is reached)."""
+        if self.read_cache_bytes:
+            cached = self._read_cached(from_seq, max_records, max_bytes)
+            if cached is not None:
+                return cached
         out: list[SpoolRecord] = []
         size = 0
         seq = from_seq
@@ -332,6 +396,8 @@ class Spool:
             fsync_dir(self.directory)
         self.cursor = Cursor(cursor.delivered, cursor.intent)
         self._drop_delivered_segments()
+        if self.read_cache_bytes:
+            self._forget(cursor.delivered)
 
     def _drop_delivered_segments(self) -> None:
         """Delete every segment whose records all have `seq < delivered` (never the tail one)."""
