@@ -64,7 +64,7 @@ async def handle_produce(state: BrokerState, req: Request):
     topics = [_produce_topic(state, topic, refusal, appended) for topic in body.topic_data]
     logs = list(appended.values())
     if body.acks == 0:
-        _make_durable_later(state, logs)
+        _make_durable_later(state, logs, body)
         return None  # aiokafka and kafka-python do not read a response for acks=0
     if logs and state.acks_wait_for_fsync:
         try:
@@ -72,16 +72,24 @@ async def handle_produce(state: BrokerState, req: Request):
         except Exception as exc:  # nothing acknowledged that is not on disk
             log.error("produce not acknowledged, fsync failed: %s", exc)
             topics = [_storage_failed(topic, str(exc)) for topic in topics]
-    if logs:
-        state.appended.notify()
+    state.appended.notify(_arrived(body))
     return ProduceResponse(version=req.api_version, throttle_time_ms=0, responses=topics)
 
 
-def _make_durable_later(state: BrokerState, logs: list) -> None:
+def _make_durable_later(state: BrokerState, logs: list, body) -> None:
     if logs and state.acks_wait_for_fsync:
         state.commit.schedule(logs)
-    if logs:
-        state.appended.notify()
+    state.appended.notify(_arrived(body))
+
+
+def _arrived(body) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> bytes of the produce request's records (what waiting fetches count)."""
+    return {
+        (topic.name, data.index): len(data.records)
+        for topic in body.topic_data
+        for data in topic.partition_data
+        if data.records
+    }
 
 
 def _storage_failed(topic, message: str):
@@ -151,12 +159,13 @@ async def handle_fetch(state: BrokerState, req: Request):
     body, version = req.body, req.api_version
     deadline = time.monotonic() + max(body.max_wait_ms, 0) / 1000
     min_bytes = max(body.min_bytes, 1)
-    while True:
+    topics, total, failed = _read_fetch(state, body, version)
+    remaining = deadline - time.monotonic()
+    if total < min_bytes and not failed and remaining > 0:
+        # read again once the bytes still missing were appended to these partitions, or at the deadline
+        partitions = [(t.topic, p.partition) for t in body.topics for p in t.partitions]
+        await state.appended.wait(partitions, min_bytes - total, remaining)
         topics, total, failed = _read_fetch(state, body, version)
-        remaining = deadline - time.monotonic()
-        if total >= min_bytes or failed or remaining <= 0:
-            break
-        await state.appended.wait(remaining)
     # session_id=0: no incremental fetch session (KIP-227); every client then sends full fetches
     return FetchResponse(version=version, throttle_time_ms=0, error_code=0, session_id=0, responses=topics)
 

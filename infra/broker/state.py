@@ -72,20 +72,59 @@ class BrokerConfig:
 
 
 class AppendSignal:
-    """Wakes every waiting fetch when any partition receives records (cheap: one Event per append)."""
+    """Wakes a long-polling fetch once the partitions it reads received enough bytes for it.
+
+    A fetch watches only its own partitions and counts the bytes appended there, so an append wakes
+    only the fetches it can satisfy, and a waiting fetch reads its partitions again only once the
+    bytes it still needs arrived (or at its deadline), not on every append anywhere: with a few
+    consumers long-polling many partitions, re-reading on every append was most of the broker's
+    fetch work."""
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        self._watches: dict[tuple[str, int], set[_Watch]] = {}
 
-    def notify(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
+    def notify(self, arrived: dict[tuple[str, int], int]) -> None:
+        """`arrived`: (topic, partition) -> bytes just appended there."""
+        for key, size in arrived.items():
+            for watch in tuple(self._watches.get(key, ())):
+                watch.add(size)
 
-    async def wait(self, timeout_s: float) -> None:
+    async def wait(self, partitions: list[tuple[str, int]], need: int, timeout_s: float) -> None:
+        """Return once `need` bytes were appended to `partitions` in all, or after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        watch = _Watch(need, loop.create_future())
+        keys = set(partitions)
+        for key in keys:
+            self._watches.setdefault(key, set()).add(watch)
+        timer = loop.call_later(timeout_s, watch.finish)
         try:
-            await asyncio.wait_for(self._event.wait(), timeout_s)
-        except TimeoutError:
-            pass
+            await watch.future
+        finally:
+            timer.cancel()
+            for key in keys:
+                watches = self._watches.get(key)
+                if watches is not None:
+                    watches.discard(watch)
+                    if not watches:
+                        del self._watches[key]
+
+
+class _Watch:
+    """One waiting fetch: the bytes it still needs, and the future that releases it."""
+
+    __slots__ = ("future", "need")
+
+    def __init__(self, need: int, future: asyncio.Future) -> None:
+        self.need, self.future = need, future
+
+    def add(self, size: int) -> None:
+        self.need -= size
+        if self.need <= 0:
+            self.finish()
+
+    def finish(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
 
 
 class BrokerState:

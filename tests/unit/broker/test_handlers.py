@@ -93,14 +93,41 @@ def test_fetch_long_poll_wakes_on_append(state):
         pending = asyncio.ensure_future(HANDLERS[1](state, request))
         await asyncio.sleep(0.1)
         assert not pending.done(), "no data yet: the fetch waits"
-        state.store.log("waiting", 0).append(record_batch([b"late"]))
-        state.appended.notify()
+        late = record_batch([b"late"])
+        state.store.log("waiting", 0).append(late)
+        state.appended.notify({("waiting", 0): len(late)})
         response = await pending
         return response, time.monotonic() - started
 
     response, elapsed = asyncio.run(scenario())
     assert len(response.responses[0].partitions[0].records) > 0
     assert elapsed < 4, "answered on append, not at max_wait_ms"
+
+
+def test_fetch_long_poll_waits_for_its_own_partitions_and_min_bytes(state):
+    """An append elsewhere, or fewer bytes than `min_bytes`, does not answer a waiting fetch."""
+    state.store.create_topic("watched", 2, {})
+    state.store.create_topic("other", 1, {})
+
+    def append(topic: str, partition: int, payload: bytes) -> None:
+        batch = record_batch([payload])
+        state.store.log(topic, partition).append(batch)
+        state.appended.notify({(topic, partition): len(batch)})
+
+    async def scenario():
+        body = fetch_request("watched", [0, 1], 10**6, 10**6, wait_ms=5000)
+        body.min_bytes = 500
+        pending = asyncio.ensure_future(HANDLERS[1](state, Request(1, 11, 1, "t", body, "")))
+        await asyncio.sleep(0.05)
+        append("other", 0, b"x" * 1000)
+        append("watched", 1, b"small")
+        await asyncio.sleep(0.1)
+        assert not pending.done(), "another topic's bytes, and too few of its own, keep it waiting"
+        append("watched", 0, b"y" * 600)
+        return await asyncio.wait_for(pending, 2)
+
+    response = asyncio.run(scenario())
+    assert [len(p.records or b"") > 0 for p in response.responses[0].partitions] == [True, True]
 
 
 def test_list_offsets_by_timestamp(state):
