@@ -25,6 +25,8 @@ from producers.spool import SpoolRecord
 
 log = logging.getLogger(__name__)
 
+_KEYS_CACHED = 4096  # partitions remembered per topic (by key), so murmur2 runs once per trajectory
+
 
 @dataclass(frozen=True)
 class SenderConfig:
@@ -123,7 +125,7 @@ class BatchSender:
             all_partitions, by_key = self._partitions[record.topic]
             partition = by_key.get(record.key)
             if partition is None:
-                partition = by_key[record.key] = _partition_for(record.key, all_partitions)
+                partition = _cache_partition(by_key, record.key, all_partitions)
             groups.setdefault((record.topic, partition), []).append(record)
         batches: list[_Batch] = []
         for (topic, partition), group in groups.items():
@@ -171,6 +173,14 @@ def _fill(producer, topic: str, partition: int, records: list[SpoolRecord]) -> l
             builder.append(key=record.key, value=record.value, timestamp=None)
     out.append(_Batch(topic, partition, records[start:], builder))
     return out
+
+
+def _cache_partition(by_key: dict[bytes, int], key: bytes, all_partitions: list[int]) -> int:
+    """`key`'s partition, remembered in `by_key` (cleared when full: one key per trajectory)."""
+    if len(by_key) >= _KEYS_CACHED:
+        by_key.clear()
+    partition = by_key[key] = _partition_for(key, all_partitions)
+    return partition
 
 
 def _partition_for(key: bytes, all_partitions: list[int]) -> int:

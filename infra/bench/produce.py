@@ -64,7 +64,10 @@ def sdk_once(bootstrap: str, data_dir: Path, steps: int, rate: float | None = No
         latencies.extend(now - sent[r.event_id] for r in records if r.event_id in sent)
 
     rec = AgentRecorder(bootstrap, data_dir, agent="bench", model="m", on_delivered=on_delivered)
-    rec.flush(30)  # connect before the clock starts
+    with rec.episode(task_id="bench-warm-up") as ep:  # connect before the clock starts: the first
+        ep.end(success=True)  # delivery opens the producer and reads the topic's end offsets
+    if not rec.flush(30):
+        raise RuntimeError("SDK benchmark: the warm-up episode was not acknowledged in 30 s")
     start, start_cpu = time.perf_counter(), time.process_time()
     done = 0
     while done < steps:
