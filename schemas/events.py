@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 SCHEMA_MAJOR = 1
 # 1.1: `redactions` on the events that carry free text (issue #18)
@@ -25,7 +25,25 @@ SCHEMA_VERSION = f"{SCHEMA_MAJOR}.2"
 Score = Annotated[float, Field(ge=0.0, le=1.0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 NonNegFloat = Annotated[float, Field(ge=0.0)]
-JsonDict = dict[str, Any]
+
+
+def _finite_json(value: Any) -> Any:
+    """JSON has no NaN or Infinity. Typed float fields refuse them (`allow_inf_nan=False`); this
+    refuses them inside free-form objects too, which pydantic's own JSON parser would otherwise read."""
+    if isinstance(value, float):
+        if value != value or value in (_INF, -_INF):
+            raise ValueError(f"{value!r} is not a JSON number (NaN and Infinity are not JSON)")
+    elif isinstance(value, dict):
+        for item in value.values():
+            _finite_json(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _finite_json(item)
+    return value
+
+
+_INF = float("inf")
+JsonDict = Annotated[dict[str, Any], AfterValidator(_finite_json)]
 REDACTIONS_HELP = "secrets replaced by a [REDACTED:<detector>] placeholder before publishing (since 1.1)"
 
 
