@@ -129,6 +129,11 @@ def partition_for(producer, topic: str, key: bytes | None, value: bytes | None) 
     return producer._partition(topic, None, None, None, key, value)
 
 
+def partition_count(producer, topic: str) -> int:
+    """How many partitions `topic` has in the producer's metadata (0 when it has none yet)."""
+    return len(producer.client.cluster.partitions_for_topic(topic) or ())
+
+
 def table_store(table):
     """A table's local store (a mutable mapping of raw keys to raw values)."""
     return table.data

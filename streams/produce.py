@@ -31,16 +31,30 @@ async def send_all(app, messages: list[tuple[str, bytes | None, bytes | None]]) 
     await asyncio.gather(*futures)
 
 
+# (topic, partition count, key) -> partition: a trajectory's key is partitioned again for each of its
+# outputs and table updates, and aiokafka's murmur2 is pure Python (2% of a role's CPU uncached).
+_PARTITIONS: dict[tuple[str, int, bytes], int] = {}
+_PARTITIONS_MAX = 100_000
+
+
 def _by_partition(aio, messages) -> dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]]:
-    partitions: dict[tuple[str, bytes | None], int] = {}
+    counts = {topic: faust_compat.partition_count(aio, topic) for topic in {m[0] for m in messages}}
     by_tp: dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]] = {}
     for topic, key, value in messages:
-        slot = (topic, key)
-        partition = partitions.get(slot)
-        if partition is None:
-            partition = partitions[slot] = faust_compat.partition_for(aio, topic, key, value)
-        by_tp.setdefault((topic, partition), []).append((key, value))
+        by_tp.setdefault((topic, _partition(aio, topic, counts[topic], key, value)), []).append((key, value))
     return by_tp
+
+
+def _partition(aio, topic: str, count: int, key: bytes | None, value: bytes | None) -> int:
+    if key is None:  # keyless: the partitioner picks one at random each time
+        return faust_compat.partition_for(aio, topic, key, value)
+    slot = (topic, count, key)
+    partition = _PARTITIONS.get(slot)
+    if partition is None:
+        if len(_PARTITIONS) >= _PARTITIONS_MAX:
+            _PARTITIONS.clear()
+        partition = _PARTITIONS[slot] = faust_compat.partition_for(aio, topic, key, value)
+    return partition
 
 
 def _batches(aio, items):
