@@ -10,7 +10,7 @@
 Pipeline: `ep.step()` validates and encodes the event in the caller's thread and puts it in a
 bounded in-memory buffer (non-blocking while there is room). A writer thread appends the buffer to
 the local spool (`producers.spool`, fsynced, one fsync per batch) and a delivery thread sends the
-spool to `agent.events` with kafka-python (acks=all, idempotence on, linger for batching), moving
+spool to `agent.events` as record batches through aiokafka (acks=all, idempotence on), moving
 the spool's cursor only after the broker's acknowledgement (`producers.delivery`). Every event goes
 through the spool (write-ahead), so one path serves both a healthy and an unreachable broker, and
 order per trajectory is the order of `step()` calls.
