@@ -1,0 +1,58 @@
+"""GroupCommit (infra/broker/durability.py): fsync rounds shared by the requests of one interval."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from infra.broker.durability import GroupCommit
+
+
+class CountingLog:
+    """Stands in for a PartitionLog: counts the fsyncs asked of it (from the commit's thread)."""
+
+    def __init__(self) -> None:
+        self.flushes = 0
+        self._lock = threading.Lock()
+
+    def flush(self) -> None:
+        with self._lock:
+            self.flushes += 1
+
+
+def test_requests_of_one_interval_share_a_round_and_a_quiet_one_waits_for_nothing():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        commit = GroupCommit(min_interval_s=0.2)
+        commit.start()
+        log = CountingLog()
+        try:
+            started = loop.time()
+            await commit.durable([log])  # after a quiet spell: synced at once
+            quiet_s = loop.time() - started
+            burst = [commit.durable([log]) for _ in range(20)]  # within the interval: one round
+            await asyncio.gather(*burst)
+            burst_s = loop.time() - started
+        finally:
+            await commit.close()
+        return quiet_s, burst_s, log.flushes
+
+    quiet_s, burst_s, flushes = asyncio.run(scenario())
+    assert quiet_s < 0.15, "a request after a quiet spell does not wait for the interval"
+    assert flushes == 2, "twenty requests in one interval share one fsync of their log"
+    assert burst_s >= 0.15, "the second round started one interval after the first"
+
+
+def test_no_interval_starts_a_round_as_requests_come():
+    async def scenario():
+        commit = GroupCommit(min_interval_s=0.0)
+        commit.start()
+        log = CountingLog()
+        try:
+            for _ in range(3):
+                await commit.durable([log])
+        finally:
+            await commit.close()
+        return log.flushes
+
+    assert asyncio.run(scenario()) == 3
