@@ -102,11 +102,11 @@ class TrainerConsumerConfig:
     poll_timeout_ms: int = 200
     max_records: int = 500
     fetch_min_bytes: int = field(
-        default=64 * 1024,
+        default=256 * 1024,
         metadata={"help": "the broker answers a fetch once this many bytes are ready, or after the wait"},
     )
     fetch_max_wait_ms: int = field(
-        default=50, metadata={"help": "longest the broker holds a fetch waiting for --fetch-min-bytes"}
+        default=500, metadata={"help": "longest the broker holds a fetch waiting for --fetch-min-bytes"}
     )
     planner: PlannerConfig = field(default_factory=PlannerConfig, metadata={"prefix": ""})
 
