@@ -3,7 +3,7 @@
 --
 -- LZ4 (ClickHouse's default codec) instead of ZSTD(3) on the three columns holding every step's
 -- observation: each insert and every merge compresses them again, and at 1,000 steps/s ZSTD(3) cost
--- the sink's chDB threads about twice LZ4's CPU. The price is disk: LZ4 keeps text about 1.5-2x larger.
+-- the sink's chDB threads about twice LZ4's CPU. The price is disk: LZ4 keeps text about 1.6x larger.
 -- An operator who prefers disk to CPU can set ZSTD back with the same statements.
 ALTER TABLE agentstream.events MODIFY COLUMN IF EXISTS raw String CODEC(LZ4);
 ALTER TABLE agentstream.steps MODIFY COLUMN IF EXISTS observation String CODEC(LZ4);
