@@ -88,9 +88,10 @@ def test_migrations_are_numbered_and_split_into_statements():
         "leaderboard",
     ):
         assert any(f"agentstream.{table}\n" in s or f"agentstream.{table} " in s for s in statements), table
-    # a type set twice is the same type; CREATE OR REPLACE builds the same object again (0009 copies
-    # `trajectories` into a table of the same definition; test_reward_versions.py re-runs it)
-    idempotent = ("IF NOT EXISTS", "MODIFY COLUMN IF EXISTS", "CREATE OR REPLACE ")
+    # a type or a setting set twice is the same type or setting; CREATE OR REPLACE builds the same
+    # object again (0009 copies `trajectories` into a table of the same definition;
+    # test_reward_versions.py re-runs it)
+    idempotent = ("IF NOT EXISTS", "MODIFY COLUMN IF EXISTS", "MODIFY SETTING ", "CREATE OR REPLACE ")
     assert all(any(m in s for m in idempotent) for s in statements if not s.startswith("SET "))
     assert split_statements("SELECT 1;\n-- c;\nSELECT 2") == ["SELECT 1", "SELECT 2"]
 

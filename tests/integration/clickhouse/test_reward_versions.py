@@ -174,6 +174,27 @@ def test_a_database_at_version_8_keeps_its_rows_and_0009_runs_again(migrated):
     assert "schema up to date" in _cli("db", "migrate", "--clickhouse-url", url)
 
 
+def test_0010_storage_settings_apply_to_an_upgraded_database_and_run_again(migrated):
+    """Migration 0010 (LZ4 on the observation columns, merge base 20): applied by the upgrade above,
+    and safe to run again (a migration interrupted before it was recorded)."""
+    _url, client, _ = migrated
+    (lighter,) = [m for m in load_migrations() if m.version == 10]
+    for statement in lighter.statements():
+        client.command(statement)
+    codecs = _rows(
+        client,
+        "SELECT table, name, compression_codec FROM system.columns WHERE database = 'agentstream' "
+        "AND (table, name) IN (('events', 'raw'), ('steps', 'observation'), ('trajectories', 'steps')) "
+        "ORDER BY table",
+    )
+    assert [(t, c) for t, _, c in codecs] == [(t, "CODEC(LZ4)") for t in ("events", "steps", "trajectories")]
+    created = (
+        "SELECT create_table_query FROM system.tables WHERE database = 'agentstream' AND name = {t:String}"
+    )
+    for table in ("events", "steps", "rule_rewards", "trajectories"):
+        assert "merge_selector_base = 20" in _rows(client, created, t=table)[0][0], table
+
+
 def test_a_replay_version_sits_beside_the_live_one_and_becomes_the_default(migrated):
     _, client, _ = migrated
     assert _rows(client, "SELECT reward_version FROM agentstream.reward_version_default") == [(LIVE,)]
