@@ -11,7 +11,8 @@ Rounds start at most every `min_interval_s` (`--group-commit-interval-ms`, 10 ms
 requests of that interval share one round, and each log one fsync, instead of a round (an executor
 hand-off and an fsync per log, ~65 µs of CPU each on ext4) per request; a request after a quiet
 spell starts its round at once, so light load waits for nothing but its own fsync. At 1,000 steps/s
-through the stack this took about a fifth of the broker's CPU.
+through the stack the broker spent 4.5 s of CPU per 20 s with a round per request, 4.0 s with this,
+and 3.9 s with no fsync at all.
 
 Owns only the scheduling of flushes; what a flush does is `PartitionLog.flush()` (storage layer).
 """
