@@ -119,6 +119,8 @@ def harvest_tokens(output: str) -> set[str]:
     """
     tokens = set()
     for word in output.split():
+        if "/" not in word and "_" not in word:
+            continue  # most words; stripping cannot add either character
         word = word.strip(_STRIP)
         if len(word) <= 3:
             continue
