@@ -195,6 +195,31 @@ def test_0010_storage_settings_apply_to_an_upgraded_database_and_run_again(migra
         assert "merge_selector_base = 20" in _rows(client, created, t=table)[0][0], table
 
 
+def test_0011_small_parts_are_packed_in_one_file_and_read_back(migrated):
+    """Migration 0011 (packed storage below 10 MiB): applied by the upgrade, safe to run again, and a
+    fresh insert into a table with the setting writes one `data.packed` part that reads back."""
+    _url, client, _ = migrated
+    (packed,) = [m for m in load_migrations() if m.version == 11]
+    for statement in packed.statements():
+        client.command(statement)
+    created = (
+        "SELECT create_table_query FROM system.tables WHERE database = 'agentstream' AND name = {t:String}"
+    )
+    for table in ("events", "episodes", "steps", "rule_rewards", "trajectories", "batches"):
+        assert "min_bytes_for_full_part_storage = 10485760" in _rows(client, created, t=table)[0][0], table
+    client.command("CREATE TABLE agentstream.packed_probe AS agentstream.rule_rewards")
+    try:
+        row = rows_for(_rules("probe", "rules-9", 0.7, T0)[0], b"{}", "test", 0, 0)[1][1]
+        client.insert("agentstream.packed_probe", [list(row)], column_names=list(COLUMNS["rule_rewards"]))
+        parts = "SELECT part_storage_type FROM system.parts WHERE table = 'packed_probe' AND active"
+        assert _rows(client, parts) == [("Packed",)]
+        assert _rows(client, "SELECT trajectory_id, score FROM agentstream.packed_probe FINAL") == [
+            ("probe", 0.7)
+        ]
+    finally:
+        client.command("DROP TABLE agentstream.packed_probe")
+
+
 def test_a_replay_version_sits_beside_the_live_one_and_becomes_the_default(migrated):
     _, client, _ = migrated
     assert _rows(client, "SELECT reward_version FROM agentstream.reward_version_default") == [(LIVE,)]
