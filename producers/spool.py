@@ -10,7 +10,7 @@ Layout of one spool directory (one writer process at a time, enforced with `floc
         lock                      flock'ed by the process that owns the slot
         00000000000000000000.seg  segments, named by the sequence number of their first record
         00000000000000004096.seg
-        cursor.json               delivery state: next sequence to deliver + the in-flight intent
+        cursor                    delivery state: next sequence to deliver + the in-flight intent
 
 A segment starts with the magic `ASPOOL1\\n`, then frames: `u32 length, u32 crc32c(body), body`,
 body = `u16 len(topic), u16 len(key), u16 len(event_id), topic, key, event_id, value` (big-endian).
@@ -19,14 +19,14 @@ fails its CRC at the tail of the newest segment is a write that never finished (
 returned), so it is truncated on open; a bad frame anywhere else is corruption and raises
 `SpoolError` naming the file and byte offset.
 
-`cursor.json` is replaced atomically (write, fsync, rename, fsync the directory). Its `intent`
-records, before a chunk is sent, which sequence range is in flight and a lower bound of every
-partition's end offset; see `producers.delivery` for how that makes replays duplicate-free.
+`cursor` holds two checksummed slots overwritten in turn (producers/spool_cursor.py), so a commit is
+one write and one fdatasync, and a torn one leaves the previous cursor. Its `intent` records, before
+a chunk is sent, which sequence range is in flight and a lower bound of every partition's end
+offset; see `producers.delivery` for how that makes replays duplicate-free.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
 import os
@@ -34,16 +34,17 @@ import struct
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import NamedTuple
 
 import crc32c
-import orjson
 
 from clients.files import fsync_dir
 from producers.errors import SpoolError, SpoolLocked
+from producers.spool_cursor import Cursor, CursorFile, DeliveryIntent, read_delivered
+
+__all__ = ["Cursor", "DeliveryIntent", "Spool", "SpoolRecord", "has_pending", "slot_status"]
 
 log = logging.getLogger(__name__)
 
@@ -63,25 +64,6 @@ class SpoolRecord(NamedTuple):
     event_id: str
     value: bytes
     seq: int = -1
-
-
-@dataclass
-class DeliveryIntent:
-    """A chunk `[first, last]` was (possibly) sent; `offsets` are lower bounds of the end offsets of
-    every partition of the topics involved, taken before the send: anything of the chunk that the
-    broker stored sits at or after them."""
-
-    first: int
-    last: int
-    offsets: dict[str, dict[int, int]] = field(default_factory=dict)
-
-
-@dataclass
-class Cursor:
-    """Persisted delivery state: every record with `seq < delivered` is acknowledged by the broker."""
-
-    delivered: int = 0
-    intent: DeliveryIntent | None = None
 
 
 def encode_frame(record: SpoolRecord) -> bytes:
@@ -163,7 +145,8 @@ class Spool:
         self._cache_lock = threading.Lock()
         self._lock_fd = _lock(self.directory / "lock")
         try:
-            self.cursor = self._load_cursor()
+            self._cursor_file = CursorFile(self.directory, fsync=fsync)
+            self.cursor = self._cursor_file.load()
             self._segments: list[int] = sorted(self._list_segments())
             self.end_seq = self._recover_tail()
             self._tail = None
@@ -362,38 +345,9 @@ class Spool:
 
     # --- delivery state ---------------------------------------------------------------------------
 
-    def _load_cursor(self) -> Cursor:
-        path = self.directory / "cursor.json"
-        if not path.exists():
-            return Cursor()
-        try:
-            raw = orjson.loads(path.read_bytes())
-        except orjson.JSONDecodeError as exc:
-            raise SpoolError(f"{path}: unreadable delivery cursor ({exc})") from None
-        intent = raw.get("intent")
-        if intent:
-            offsets = {
-                t: {int(p): int(o) for p, o in parts.items()} for t, parts in intent["offsets"].items()
-            }
-            intent = DeliveryIntent(int(intent["first"]), int(intent["last"]), offsets)
-        return Cursor(int(raw.get("delivered", 0)), intent)
-
     def commit(self, cursor: Cursor) -> None:
-        """Persist the delivery state atomically, then drop segments wholly delivered."""
-        data = {"delivered": cursor.delivered, "intent": None}
-        if cursor.intent:
-            offsets = {t: {str(p): o for p, o in parts.items()} for t, parts in cursor.intent.offsets.items()}
-            data["intent"] = {"first": cursor.intent.first, "last": cursor.intent.last, "offsets": offsets}
-        path = self.directory / "cursor.json"
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as handle:
-            handle.write(orjson.dumps(data))
-            handle.flush()
-            if self.fsync:
-                os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        if self.fsync:
-            fsync_dir(self.directory)
+        """Persist the delivery state (producers/spool_cursor.py), then drop segments wholly delivered."""
+        self._cursor_file.commit(cursor)
         self.cursor = Cursor(cursor.delivered, cursor.intent)
         self._drop_delivered_segments()
         if self.read_cache_bytes:
@@ -413,6 +367,7 @@ class Spool:
         return self.end_seq - self.cursor.delivered
 
     def close(self) -> None:
+        self._cursor_file.close()
         if self._tail is not None:
             self._tail.close()
             self._tail = None
@@ -436,9 +391,7 @@ def has_pending(directory: Path) -> bool:
     segments = sorted(p for p in Path(directory).glob("*" + SEGMENT_SUFFIX))
     if not segments:
         return False
-    delivered = 0
-    with contextlib.suppress(FileNotFoundError, orjson.JSONDecodeError, ValueError):
-        delivered = int(orjson.loads((Path(directory) / "cursor.json").read_bytes()).get("delivered", 0))
+    delivered = read_delivered(directory)
     last = segments[-1]
     first = int(last.name[: -len(SEGMENT_SUFFIX)])
     if first > delivered:
