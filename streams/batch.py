@@ -73,6 +73,41 @@ def letter_for(stage: str, record: Record, reason: str, error_type: str) -> Dead
     return record_dead_letter(stage, record, reason, error_type)
 
 
+class StateCache:
+    """Decoded per-trajectory states, reused while the table still holds the very bytes they were
+    decoded from (or stored as): a role then decodes a trajectory's state once, not once per batch.
+
+    The check is identity (`is`) of the table's value with the cached one, so anything that replaced
+    the value behind the role's back (changelog recovery after a rebalance handed the partition to
+    another worker and back) is decoded again, never served stale. Least recently used states go
+    first beyond `size`."""
+
+    def __init__(self, decode: Callable[[bytes | None], Any], size: int = 100_000):
+        self.decode, self.size = decode, size
+        self._items: dict[bytes, tuple[bytes | None, Any]] = {}
+
+    def get(self, key: bytes, get_state: StateGetter) -> Any:
+        """The state of `key`: cached if the table's value is the one it came from, else decoded."""
+        raw = get_state(key)
+        hit = self._items.pop(key, None)
+        fresh = hit is not None and raw is not None and hit[0] is raw
+        state = hit[1] if fresh else self.decode(raw)
+        self._items[key] = (raw, state)  # re-inserted: the dict's order is least recently used first
+        if len(self._items) > self.size:
+            del self._items[next(iter(self._items))]
+        return state
+
+    def stored(self, key: bytes, raw: bytes, state: Any) -> None:
+        """`state` is what `raw` (about to be written to the table) holds."""
+        self._items[key] = (raw, state)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 def by_trajectory(pairs: Iterable[tuple[Record, Any]]) -> dict[str, list[tuple[Record, Any]]]:
     """(record, event) pairs grouped by the event's trajectory id, in arrival order."""
     groups: dict[str, list[tuple[Record, Any]]] = {}

@@ -26,7 +26,7 @@ from schemas import topics
 from schemas.events import EpisodeStarted, RuleRewardStep
 from schemas.records import Record
 from streams.assembler.assembly import JOINED_TYPES, Assembly, Calibrations
-from streams.batch import BatchResult, StateGetter, by_trajectory, decode_records, letter_for
+from streams.batch import BatchResult, StateCache, StateGetter, by_trajectory, decode_records, letter_for
 from streams.rules.profiles import ProfileRegistry
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ class TrajectoryAssembler:
         self.clock = clock
         self.started_at = clock()
         self.open: dict[bytes, float] = {}  # trajectories that may still emit -> last change
+        self.cache = StateCache(self._load)  # decoded states, valid while the table holds their bytes
         self.calibration_at: dict[tuple[str, str], str] = {}
 
     def process(self, records: list[Record], get_state: StateGetter) -> BatchResult:
@@ -83,7 +84,7 @@ class TrajectoryAssembler:
         assert set(JOINED_TYPES) >= {e.type for _, e in joinable}
         for tid, items in by_trajectory(joinable).items():
             key = tid.encode()
-            state = self._load(get_state(key))
+            state = self.cache.get(key, get_state)
             changed = False
             for _rec, event in items:
                 mode = self.judge_mode(event) if isinstance(event, EpisodeStarted) else None
@@ -93,7 +94,8 @@ class TrajectoryAssembler:
             state.ignored.clear()
             if changed:
                 self._emit(tid, state, now, result)
-                result.updates[key] = orjson.dumps(state.to_dict())
+                result.updates[key] = raw = orjson.dumps(state.to_dict())
+                self.cache.stored(key, raw, state)
         return result
 
     def _other_version(self, event: Any) -> bool:
@@ -126,18 +128,18 @@ class TrajectoryAssembler:
         floor = max(self.started_at, 0.0)
         due = [k for k, last in self.open.items() if now - max(last, floor) >= self.grace_s]
         for key in due:
-            raw = get_state(key)
-            if not raw:
+            if not get_state(key):
                 self.open.pop(key, None)
                 continue
-            state = self._load(raw)
+            state = self.cache.get(key, get_state)
             scored = state.decide(
                 key.decode(), self.profiles, self.calibrations, now, self.grace_s, floor, self.rule_version
             )
             self.open.pop(key, None)
             if scored is not None:
                 result.outputs.append(scored)
-                result.updates[key] = orjson.dumps(state.to_dict())
+                result.updates[key] = raw = orjson.dumps(state.to_dict())
+                self.cache.stored(key, raw, state)
         return result
 
     def track_restored(self, items) -> int:

@@ -16,7 +16,7 @@ import orjson
 from schemas import topics
 from schemas.events import EpisodeStarted, StepRecorded
 from schemas.records import Record
-from streams.batch import BatchResult, StateGetter, by_trajectory, decode_records, letter_for
+from streams.batch import BatchResult, StateCache, StateGetter, by_trajectory, decode_records, letter_for
 from streams.rules.profiles import ProfileRegistry
 from streams.rules.rewards import REWARD_VERSION
 from streams.rules.stream import TrajectoryRules
@@ -34,26 +34,15 @@ class RuleRewarder:
     ):
         self.profiles = profiles
         self.reward_version = reward_version
-        # Decoded states of recently seen trajectories: the table holds the same as bytes. The shell
-        # clears it when a batch fails, so it never runs ahead of the table.
-        self.cache: dict[bytes, TrajectoryRules] = {}
-        self.cache_size = cache_size
-
-    def _state(self, key: bytes, get_state: StateGetter) -> TrajectoryRules:
-        state = self.cache.pop(key, None)
-        if state is None:
-            raw = get_state(key)
-            state = TrajectoryRules.from_dict(orjson.loads(raw)) if raw else TrajectoryRules()
-        self.cache[key] = state  # re-inserted: the dict's order is least recently used first
-        if len(self.cache) > self.cache_size:
-            del self.cache[next(iter(self.cache))]
-        return state
+        # Decoded states of recently seen trajectories, valid while the table holds their bytes (a
+        # failed batch exits the process, so the cache never runs ahead of the table).
+        self.cache = StateCache(_decode_state, cache_size)
 
     def process(self, records: list[Record], get_state: StateGetter) -> BatchResult:
         result = BatchResult()
         for tid, items in by_trajectory(decode_records(self.name, records, self.accepted, result)).items():
             key = tid.encode()
-            state = self._state(key, get_state)
+            state = self.cache.get(key, get_state)
             changed = self._fold(state, items, result)
             result.outputs += state.advance(tid, self.profiles, self.reward_version)
             changed = changed or bool(result.outputs)
@@ -62,7 +51,8 @@ class RuleRewarder:
                 result.dead.append(letter_for(self.name, rec, reason, "ConflictingStep"))
             state.conflicts.clear()
             if changed:
-                result.updates[key] = orjson.dumps(state.to_dict())
+                result.updates[key] = raw = orjson.dumps(state.to_dict())
+                self.cache.stored(key, raw, state)
         return result
 
     def _fold(self, state: TrajectoryRules, items, result: BatchResult) -> bool:
@@ -78,3 +68,7 @@ class RuleRewarder:
                 else:
                     changed = True
         return changed
+
+
+def _decode_state(raw: bytes | None) -> TrajectoryRules:
+    return TrajectoryRules.from_dict(orjson.loads(raw)) if raw else TrajectoryRules()
