@@ -62,24 +62,24 @@ async def handle_produce(state: BrokerState, req: Request):
     refusal = _produce_refusal(body)
     appended: dict[int, object] = {}  # id(log) -> log that received records
     topics = [_produce_topic(state, topic, refusal, appended) for topic in body.topic_data]
-    logs = list(appended.values())
+    logs, arrived = list(appended.values()), _arrived(body)
     if body.acks == 0:
-        _make_durable_later(state, logs, body)
+        _make_durable_later(state, logs, arrived)
         return None  # aiokafka and kafka-python do not read a response for acks=0
     if logs and state.acks_wait_for_fsync:
         try:
-            await state.commit.durable(logs)
+            await state.commit.durable(logs, sum(arrived.values()))
         except Exception as exc:  # nothing acknowledged that is not on disk
             log.error("produce not acknowledged, fsync failed: %s", exc)
             topics = [_storage_failed(topic, str(exc)) for topic in topics]
-    state.appended.notify(_arrived(body))
+    state.appended.notify(arrived)
     return ProduceResponse(version=req.api_version, throttle_time_ms=0, responses=topics)
 
 
-def _make_durable_later(state: BrokerState, logs: list, body) -> None:
+def _make_durable_later(state: BrokerState, logs: list, arrived: dict[tuple[str, int], int]) -> None:
     if logs and state.acks_wait_for_fsync:
-        state.commit.schedule(logs)
-    state.appended.notify(_arrived(body))
+        state.commit.schedule(logs, sum(arrived.values()))
+    state.appended.notify(arrived)
 
 
 def _arrived(body) -> dict[tuple[str, int], int]:
