@@ -13,15 +13,17 @@ hand-off and an fsync per log, ~65 µs of CPU each on ext4) per request; a reque
 spell starts its round at once, so light load waits for nothing but its own fsync. At 1,000 steps/s
 through the stack the broker spent 4.5 s of CPU per 20 s with a round per request, 4.0 s with this.
 
-The interval adapts to the load, up to `max_interval_s` (`--group-commit-max-interval-ms`, 40 ms):
-it grows linearly with the rate of appended record bytes (a moving average over the rounds) from
-the minimum at `LOW_BYTES_PER_S` to the maximum at `HIGH_BYTES_PER_S`. A longer interval costs every
-hop of a step through the stack up to its length in latency, and saves an fsync round (and,
-downstream, a batch of each role waiting for its acks) per interval: at 1,000 steps/s (about 11 MB/s
-appended) a fixed 40 ms cut the stack's CPU per step by 12% (broker by a quarter, rules and assembler
-by a seventh) for 100 ms more at rule reward p50, while at 100 steps/s (about 1 MB/s) it added 90 ms
-for CPU nobody was short of. (The request rate is no measure of load: 100 steps/s made about 100
-produce requests per second, 1,000 steps/s about 170.)
+The interval can adapt to the load, up to `max_interval_s` (`--group-commit-max-interval-ms`, by
+default the same 10 ms, so it does not): it grows linearly with the rate of appended record bytes (a
+moving average over the rounds) from the minimum at `LOW_BYTES_PER_S` to the maximum at
+`HIGH_BYTES_PER_S`. A longer interval saves an fsync round, and downstream a batch of each role
+waiting for its acks, per interval, and costs every hop up to its length in latency and every
+producer that waits for each ack its throughput. Measured (docs/benchmarks.md, third pass): with 40
+ms (and the assembler's state cache, landed with it), stack CPU per step at 1,000 steps/s 0.966 ->
+0.816 ms (broker by a third, rules by a fifth), rule p50 367 -> 461 ms, the same p50 at 100 steps/s
+(about 1 MB/s: the minimum applies); but the SDK flat out, which waits for each chunk's ack, 6.7k ->
+2.5k steps/s. (The request rate is no measure of load: 100 steps/s made about 100 produce requests
+per second, 1,000 steps/s about 170.)
 """
 
 from __future__ import annotations
