@@ -39,7 +39,7 @@ from schemas.codec import encode, encode_key
 from schemas.records import Record
 from schemas.topics import topic_for
 from streams import faust_compat
-from streams.batch import STATE, BatchResult
+from streams.batch import STATE, BatchPacing, BatchResult
 from streams.config import EXIT_REPLAY
 from streams.dlq import send_dead_letters
 from streams.errors import BatchFailed
@@ -104,20 +104,28 @@ class BatchShell:
             messages = [event.message for event in events]
             await finish_batch(name, partial(self._batch, name, messages, process, continuity))
 
-    def consume_in_batches(self, source, batch_max: int, process: Process, name: str = "") -> None:
+    def consume_in_batches(
+        self, source, batch_max: int, process: Process, name: str = "", pace_s: float = 0.0
+    ) -> None:
         """Every fetch of `source`'s topics through `process`, at most `batch_max` messages at a time,
-        straight from the consumer: no per-event stream, and no window to wait for (a batch is what
-        one fetch brought, so it grows with the load). Each message is acked once its batch is
-        published. The role's agent must still subscribe to `source` and run `hold`."""
+        straight from the consumer: no per-event stream (a batch is what one fetch brought, so it
+        grows with the load). Under load the next fetch is taken at most every `pace_s`
+        (`BatchPacing`: none at a trickle). Each message is acked once its batch is published. The
+        role's agent must still subscribe to `source` and run `hold`."""
         name = name or self.name
         continuity = OffsetContinuity()
+        pacing = BatchPacing(pace_s)
 
         async def handle(messages: list) -> None:
+            started = time.monotonic()
             for start in range(0, len(messages), batch_max):
                 chunk = messages[start : start + batch_max]
                 await finish_batch(name, partial(self._batch, name, chunk, process, continuity))
                 for message in chunk:
                     faust_compat.ack(self.app, message)
+            pause = pacing.pause(len(messages), started, time.monotonic())
+            if pause > 0:
+                await asyncio.sleep(pause)  # the fetcher keeps reading meanwhile: the next batch grows
 
         faust_compat.deliver_in_batches(self.app, source.topics, handle)
 

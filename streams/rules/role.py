@@ -21,7 +21,7 @@ def register(app, config: WorkerConfig) -> RuleRewarder:
     process = partial(processor.process, get_state=shell.get())
 
     source = shell.source(*processor.sources)
-    shell.consume_in_batches(source, config.batch_max, process)
+    shell.consume_in_batches(source, config.batch_max, process, pace_s=config.batch_pace_ms / 1000)
     shell.size_fetches(config.fetch_min_bytes, config.fetch_max_wait_ms)
 
     @app.agent(source, name=processor.name)
