@@ -2,7 +2,7 @@
 
 Each role is one faust app whose id is `agentstream-<role>`, so its consumer group, its tables
 (`agentstream-<role>-state-changelog`) and its log lines all carry the processor's stable name.
-`agentstream worker --roles rules,assembler` runs one such app per role (streams/worker.py).
+`agentstream worker --roles rules,assembler,judge` runs one such app per role (streams/worker.py).
 
 Settings are read once, by the CLI, into a `WorkerConfig` that is passed down; nothing here reads the
 environment. faust is imported inside `create_app` so `agentstream --help` stays fast.
@@ -10,6 +10,7 @@ environment. faust is imported inside `create_app` so `agentstream --help` stays
 Roles (`ROLE_REGISTRARS`, one folder each with the same files: `processor.py`, the pure batch logic,
 and `role.py`, whose `register(app, config)` wires it on the one batch shell, streams/shell.py):
 - `rules`: streams/rules/; `assembler`: streams/assembler/;
+- `scoring` (the default): streams/scoring/, the two above in one app, reading agent.events once;
 - `judge`: streams/judge/ (it reads its own `AGENTSTREAM_JUDGE_*` settings).
 """
 
@@ -23,6 +24,7 @@ from streams.config import ROLES, WorkerConfig, WorkerConfigError
 from streams.faust_compat import import_faust
 from streams.judge import role as judge_role
 from streams.rules import role as rules_role
+from streams.scoring import role as scoring_role
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,7 @@ ROLE_REGISTRARS = {
     "rules": rules_role.register,
     "assembler": assembler_role.register,
     "judge": judge_role.register,
+    "scoring": scoring_role.register,
 }
 assert set(ROLE_REGISTRARS) == set(ROLES)
 

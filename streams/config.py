@@ -14,7 +14,7 @@ from schemas.settings import DEFAULT_BOOTSTRAP
 from schemas.topics import AGENT_EVENTS, TOPICS
 from streams.errors import WorkerConfigError
 
-ROLES = ("rules", "assembler", "judge")
+ROLES = ("rules", "assembler", "judge", "scoring")
 DEFAULT_ROLES = ("rules", "assembler")
 # A role exits with this code to be consumed again from its committed offsets (a batch failed, or
 # records were never received); `agentstream worker` restarts it, other codes stop the worker.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -69,12 +69,23 @@ class TrajectoryAssembler:
 
     def process(self, records: list[Record], get_state: StateGetter) -> BatchResult:
         result = BatchResult()
+        self.assemble(decode_records(self.name, records, self.accepted, result), get_state, result)
+        return result
+
+    def assemble(
+        self,
+        pairs: Iterable[tuple[Record, Any]],
+        get_state: StateGetter,
+        result: BatchResult,
+        stage: str = "",
+    ) -> None:
+        """Join decoded events into their trajectories' assemblies: `trajectory.scored` to
+        `result.outputs`, the changed states to the `state` table, dead letters under `stage`."""
         now = self.clock()
-        pairs = list(decode_records(self.name, records, self.accepted, result))
         joinable, other_versions = [], 0
         for rec, event in pairs:
             if event.type == CALIBRATION_TYPE:
-                self._calibration(rec, event, result)
+                self._calibration(rec, event, result, stage or self.name)
             elif self._other_version(event):
                 other_versions += 1
             else:
@@ -96,7 +107,6 @@ class TrajectoryAssembler:
                 self._emit(tid, state, now, result)
                 result.updates[key] = raw = orjson.dumps(state.to_dict())
                 self.cache.stored(key, raw, state)
-        return result
 
     def _other_version(self, event: Any) -> bool:
         """A rule reward of a version this assembler does not assemble under."""
@@ -155,7 +165,7 @@ class TrajectoryAssembler:
                 count += 1
         return count
 
-    def _calibration(self, rec: Record, event: Any, result: BatchResult) -> None:
+    def _calibration(self, rec: Record, event: Any, result: BatchResult, stage: str) -> None:
         """Newest map per (domain, rubric) by `occurred_at`; stored in the table (key = the event's
         `calibration:<domain>:<rubric>` trajectory id) so a restarted worker keeps applying it."""
         try:
@@ -163,9 +173,7 @@ class TrajectoryAssembler:
 
             cmap = CalibrationMap.from_event(event)
         except Exception as exc:  # a bad map is poison input, not a crash
-            result.dead.append(
-                letter_for(self.name, rec, f"calibration map unusable: {exc}", type(exc).__name__)
-            )
+            result.dead.append(letter_for(stage, rec, f"calibration map unusable: {exc}", type(exc).__name__))
             return
         at = event.occurred_at.isoformat()
         if at < self.calibration_at.get((cmap.domain, cmap.rubric), ""):

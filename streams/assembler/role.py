@@ -8,6 +8,7 @@ Every role folder has the same files: `processor.py` (pure batch logic, no faust
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from streams import faust_compat
 from streams.assembler.processor import TrajectoryAssembler
@@ -20,41 +21,55 @@ log = logging.getLogger(__name__)
 
 def register(app, config: WorkerConfig) -> TrajectoryAssembler:
     """Add the `assembler` agent and its grace timer to `app`; returns its processor."""
-    profiles = ProfileRegistry.from_file(config.profiles_path)
-    processor = TrajectoryAssembler(
-        profiles,
+    processor = assembler_for(config)
+    shell = BatchShell(app, processor.name, config.partitions)
+    get_state = shell.get()
+    run_assembly(
+        app, config, shell, processor, processor.sources, partial(processor.process, get_state=get_state)
+    )
+    return processor
+
+
+def assembler_for(config: WorkerConfig) -> TrajectoryAssembler:
+    """The assembler of `config`: its profiles, grace period, judge expectations and rule version."""
+    return TrajectoryAssembler(
+        ProfileRegistry.from_file(config.profiles_path),
         config.grace_seconds,
         judge_mode=judge_mode_function(config),
         rule_version=config.reward_version,  # rule rewards of other versions are not this assembly's
     )
-    shell = BatchShell(app, processor.name, config.partitions)
-    get_state, restored = shell.get(), _Restored(processor, shell)
 
-    def process(records):
+
+def run_assembly(
+    app, config: WorkerConfig, shell: BatchShell, assembler: TrajectoryAssembler, sources, process
+) -> None:
+    """The agent of a role that assembles (`assembler`, `scoring`): batches of `sources` through
+    `process`, and a timer that emits what the grace period allows; restored trajectories first."""
+    get_state, restored = shell.get(), _Restored(assembler, shell)
+
+    def process_batch(records):
         restored.track()
-        return processor.process(records, get_state)
+        return process(records)
 
     def expire():
         restored.track()
-        result = processor.expire(get_state)
+        result = assembler.expire(get_state)
         if result.outputs:
-            log.info("%s: grace period over for %d trajectories", processor.name, len(result.outputs))
+            log.info("%s: grace period over for %d trajectories", shell.name, len(result.outputs))
         return result
 
-    source = shell.source(*processor.sources)
-    shell.consume_in_batches(source, config.batch_max, process, pace_s=config.batch_pace_ms / 1000)
+    source = shell.source(*sources)
+    shell.consume_in_batches(source, config.batch_max, process_batch, pace_s=config.batch_pace_ms / 1000)
     shell.size_fetches(config.fetch_min_bytes, config.fetch_max_wait_ms)
 
-    @app.agent(source, name=processor.name)
-    async def assembler(stream):
+    @app.agent(source, name=shell.name)
+    async def assemble(stream):
         await shell.hold(stream)  # subscribes; the batches come through consume_in_batches
 
-    @app.timer(config.timer_interval_s, name=f"{processor.name}-grace")
+    @app.timer(config.timer_interval_s, name=f"{shell.name}-grace")
     async def grace():
         if faust_compat.recovery_completed(app):
             await shell.tick(expire)
-
-    return processor
 
 
 class _Restored:

@@ -11,12 +11,23 @@ every step ever published; the table is written once per trajectory per batch, n
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import orjson
 
 from schemas import topics
-from schemas.events import EpisodeStarted, StepRecorded
+from schemas.events import EpisodeStarted, RuleRewardStep, StepRecorded
 from schemas.records import Record
-from streams.batch import BatchResult, StateCache, StateGetter, by_trajectory, decode_records, letter_for
+from streams.batch import (
+    STATE,
+    BatchResult,
+    StateCache,
+    StateGetter,
+    by_trajectory,
+    decode_records,
+    letter_for,
+)
 from streams.rules.profiles import ProfileRegistry
 from streams.rules.rewards import REWARD_VERSION
 from streams.rules.stream import TrajectoryRules
@@ -40,22 +51,39 @@ class RuleRewarder:
 
     def process(self, records: list[Record], get_state: StateGetter) -> BatchResult:
         result = BatchResult()
-        for tid, items in by_trajectory(decode_records(self.name, records, self.accepted, result)).items():
-            key = tid.encode()
-            state = self.cache.get(key, get_state)
-            changed = self._fold(state, items, result)
-            result.outputs += state.advance(tid, self.profiles, self.reward_version)
-            changed = changed or bool(result.outputs)
-            for event, reason in state.conflicts:
-                rec = next(r for r, e in items if e is event)
-                result.dead.append(letter_for(self.name, rec, reason, "ConflictingStep"))
-            state.conflicts.clear()
-            if changed:
-                result.updates[key] = raw = orjson.dumps(state.to_dict())
-                self.cache.stored(key, raw, state)
+        self.score(decode_records(self.name, records, self.accepted, result), get_state, result)
         return result
 
-    def _fold(self, state: TrajectoryRules, items, result: BatchResult) -> bool:
+    def score(
+        self,
+        pairs: Iterable[tuple[Record, Any]],
+        get_state: StateGetter,
+        result: BatchResult,
+        table: str = STATE,
+        stage: str = "",
+    ) -> list[RuleRewardStep]:
+        """Fold decoded agent events into their trajectories' states: the rule rewards (new and
+        re-emitted) go to `result.outputs` and are returned, the changed states to `result.tables[table]`
+        and conflicts to `result.dead` under `stage` (default this role's name)."""
+        rewards: list[RuleRewardStep] = []
+        for tid, items in by_trajectory(pairs).items():
+            key = tid.encode()
+            state = self.cache.get(key, get_state)
+            changed = self._fold(state, items, rewards)
+            advanced = state.advance(tid, self.profiles, self.reward_version)
+            rewards += advanced
+            changed = changed or bool(advanced)
+            for event, reason in state.conflicts:
+                rec = next(r for r, e in items if e is event)
+                result.dead.append(letter_for(stage or self.name, rec, reason, "ConflictingStep"))
+            state.conflicts.clear()
+            if changed:
+                result.tables.setdefault(table, {})[key] = raw = orjson.dumps(state.to_dict())
+                self.cache.stored(key, raw, state)
+        result.outputs += rewards
+        return rewards
+
+    def _fold(self, state: TrajectoryRules, items, rewards: list[RuleRewardStep]) -> bool:
         changed = False
         for _rec, event in items:
             if isinstance(event, EpisodeStarted):
@@ -64,7 +92,7 @@ class RuleRewarder:
             elif isinstance(event, StepRecorded):
                 repeat = state.on_step(event, self.reward_version)
                 if repeat is not None:
-                    result.outputs.append(repeat)
+                    rewards.append(repeat)
                 else:
                     changed = True
         return changed
