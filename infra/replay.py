@@ -58,7 +58,9 @@ UPSTREAM: dict[str, dict[str, str]] = {
 INTERNAL: dict[str, tuple[str, ...]] = {"judge": ("judge-groups",)}
 # Roles of a phase run together; a phase starts when the one before it is caught up.
 PHASES: tuple[tuple[str, ...], ...] = (("rules", "judge"), ("assembler",), ("trainer",))
-NOT_YET: dict[str, str] = {}
+NOT_YET: dict[str, str] = {
+    "scoring": "a replay runs the rules and the assembler as two phases: --roles rules,assembler",
+}
 
 
 class ReplayError(InfraError):

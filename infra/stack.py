@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.errors import InfraError
 from infra.supervisor import STOP_GRACE_S, Component, Supervisor
 from streams.config import DEFAULT_ROLES
 
@@ -30,6 +31,7 @@ class StackConfig:
     broker_port: int = 19092
     embedded_broker: bool = True
     workers: int = 1
+    roles: tuple[str, ...] = DEFAULT_ROLES  # the stream roles, one process each per worker slot
     judge: bool = False
     gateway: bool = False
     gateway_port: int = 8080
@@ -62,6 +64,21 @@ class StackConfig:
             client.close()
 
 
+def stack_roles(value: str) -> tuple[str, ...]:
+    """`--roles` of `agentstream up`: stream roles other than the judge (`--judge` adds it).
+
+    >>> stack_roles("scoring"), stack_roles("rules, assembler")
+    (('scoring',), ('rules', 'assembler'))
+    """
+    roles = tuple(r.strip() for r in value.split(",") if r.strip())
+    known = ("scoring", "rules", "assembler")
+    if not roles or any(r not in known for r in roles) or len(set(roles)) < len(roles):
+        raise InfraError(f"--roles: {value!r}: name each of {', '.join(known)} at most once (judge: --judge)")
+    if "scoring" in roles and len(roles) > 1:
+        raise InfraError(f"--roles: {value!r}: scoring already does what rules and assembler do")
+    return roles
+
+
 def components(config: StackConfig) -> list[Component]:
     """The processes of a stack, in start order: one `agentstream worker` process per role per
     worker slot (no supervisor inside the supervisor)."""
@@ -69,7 +86,7 @@ def components(config: StackConfig) -> list[Component]:
     if config.embedded_broker:
         out.append(_server("broker", config.broker_port))
     for i in range(config.workers):
-        for role in DEFAULT_ROLES:
+        for role in config.roles:
             args = ("worker", "--roles", role, *(("--expect-judge",) if config.judge else ()))
             out.append(Component(role if config.workers == 1 else f"{role}-{i}", args))
     if config.judge:

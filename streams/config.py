@@ -15,7 +15,7 @@ from schemas.topics import AGENT_EVENTS, TOPICS
 from streams.errors import WorkerConfigError
 
 ROLES = ("rules", "assembler", "judge", "scoring")
-DEFAULT_ROLES = ("rules", "assembler")
+DEFAULT_ROLES = ("scoring",)
 # A role exits with this code to be consumed again from its committed offsets (a batch failed, or
 # records were never received); `agentstream worker` restarts it, other codes stop the worker.
 EXIT_REPLAY = 70
@@ -30,7 +30,8 @@ class WorkerConfig:
     roles: tuple[str, ...] = field(
         default=DEFAULT_ROLES,
         metadata={
-            "help": "comma-separated roles: rules, assembler, judge (one faust app and consumer group each)"
+            "help": "comma-separated roles, one faust app and consumer group each: scoring (rule rewards "
+            "and trajectory assembly in one, reading agent.events once), or rules and assembler apart; judge"
         },
     )
     profiles_path: Path | None = field(

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from infra.cli.output import say
+from streams.config import DEFAULT_ROLES
 
 
 def add_arguments(parser) -> None:
@@ -30,13 +31,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--drain-timeout", type=float, default=120.0, help="max seconds to wait for catch-up")
     parser.add_argument("--plot", default="bench-results/e2e.png", help="latency distribution PNG")
     parser.add_argument("--keep-data", action="store_true", help="keep the stack's data directory")
+    parser.add_argument(
+        "--roles",
+        default=",".join(DEFAULT_ROLES),
+        help="the stack's stream roles, as `up --roles` (scoring, or rules,assembler)",
+    )
+    parser.add_argument("--workers", type=int, default=1, help="processes per stream role, as `up --workers`")
 
 
 def run(args) -> dict:
-    from infra.stack import StackSupervisor, embedded_config
+    from infra.stack import StackSupervisor, embedded_config, stack_roles
 
+    roles = stack_roles(args.roles)
     data_dir = Path(tempfile.mkdtemp(prefix="agentstream-e2e-"))
-    config = embedded_config(data_dir)
+    config = embedded_config(data_dir, roles=roles, workers=args.workers)
     supervisor = StackSupervisor(config, on_event=lambda m: say(f"[e2e] {m}"))
     supervisor.start()
     levels, cpu_rows, samples = [], [], {}
@@ -58,6 +66,7 @@ def run(args) -> dict:
             "CPU seconds per 1,000 steps, per process (load start .. all in ClickHouse)": "cpu_s_per_1k_steps"
         },
         "cpu_s_per_1k_steps": cpu_rows,
+        "stack": {"roles": list(roles), "workers": args.workers},
         "plot": args.plot,
         "data_dir": str(data_dir) if args.keep_data else None,
     }

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from infra.cli import output
 from infra.cli.options import add_option, command_parser
+from streams.config import DEFAULT_ROLES
+
+ROLES_HELP = (
+    "stream roles, one process each: scoring (the rules and the assembler in one consumer, reading "
+    "agent.events once), or rules,assembler (two consumer groups, as before 2026-11-26)"
+)
 
 
 def register(sub) -> None:
@@ -43,8 +49,9 @@ def _register_up(sub) -> None:
         "--workers",
         type=int,
         default=1,
-        help="worker slots: one process per role (rules, assembler) each",
+        help="worker slots: one process per stream role (--roles) each",
     )
+    add_option(up, "--roles", default=",".join(DEFAULT_ROLES), help=ROLES_HELP)
     add_option(up, "--judge", action="store_true", default=False, help="also run the LLM judge worker")
     add_option(up, "--gateway", action="store_true", default=False, help="also run the HTTP gateway")
     add_option(up, "--gateway-port", type=int, default=8080, help="gateway port")
@@ -96,7 +103,7 @@ def _stack_config(args):
     import shlex
     from pathlib import Path
 
-    from infra.stack import StackConfig
+    from infra.stack import StackConfig, stack_roles
     from schemas.settings import Settings
 
     settings = Settings.from_args(args)
@@ -109,6 +116,7 @@ def _stack_config(args):
         broker_port=args.broker_port,
         embedded_broker=embedded,
         workers=args.workers,
+        roles=stack_roles(args.roles),
         judge=bool(args.judge),
         gateway=bool(args.gateway),
         gateway_port=args.gateway_port,

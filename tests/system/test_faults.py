@@ -27,7 +27,7 @@ from schemas import EpisodeEnded, EpisodeStarted, StepRecorded, derived_event_id
 from tests.support.processes import free_port, wait_for
 
 API_KEY = "fault-test-key"
-KILL_ORDER = ("broker", "rules", "assembler", "sink", "trainer", "gateway")
+KILL_ORDER = ("broker", "scoring", "sink", "trainer", "gateway")  # scoring: the rules + the assembler
 
 
 class Stack:

@@ -21,7 +21,7 @@ from infra.supervisor import STOP_GRACE_S
 from tests.support.processes import AGENTSTREAM, Proc, descendants, free_port, hard_kill, pid_gone, wait_for
 
 pytestmark = [pytest.mark.integration]
-STACK = ("broker", "rules", "assembler", "sink", "console")
+STACK = ("broker", "scoring", "sink", "console")
 
 
 def _started_stack(tmp_path: Path) -> tuple[Proc, list[int]]:
@@ -67,7 +67,7 @@ def _started_stack(tmp_path: Path) -> tuple[Proc, list[int]]:
 
 
 def _groups_joined(bootstrap: str) -> bool:
-    """Both stream roles consume: their consumer groups exist on the stack's broker."""
+    """The stream role consumes: its consumer group exists on the stack's broker."""
     from kafka import KafkaAdminClient
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
@@ -75,7 +75,7 @@ def _groups_joined(bootstrap: str) -> bool:
         groups = {g["group_id"] for g in admin.list_groups()}
     finally:
         admin.close()
-    return {"agentstream-rules", "agentstream-assembler"} <= groups
+    return "agentstream-scoring" in groups
 
 
 def _left(pids: list[int]) -> list[str]:
@@ -99,7 +99,7 @@ def test_sigterm_stops_every_process_of_the_stack_within_the_grace_period(tmp_pa
             timeout=60,
         )
         assert status.returncode == 0, status.stderr
-        assert "| assembler " in status.stdout and "dead letters: 0" in status.stdout
+        assert "| scoring " in status.stdout and "dead letters: 0" in status.stdout
         started = time.monotonic()
         os.kill(up.pid, signal.SIGTERM)  # the supervisor only, as systemd / docker stop would
         assert up.popen.wait(timeout=STOP_GRACE_S * len(STACK)) == 0

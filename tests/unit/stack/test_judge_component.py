@@ -6,8 +6,11 @@ from infra.stack import components, embedded_config
 
 
 def test_the_stack_tells_its_assemblers_when_the_judge_runs(tmp_path):
-    def assembler_args(**kwargs):
-        return next(c.args for c in components(embedded_config(tmp_path, **kwargs)) if c.name == "assembler")
+    def args_of(name, **kwargs):
+        return next(c.args for c in components(embedded_config(tmp_path, **kwargs)) if c.name == name)
 
-    assert "--expect-judge" in assembler_args(judge=True)
-    assert "--expect-judge" not in assembler_args()
+    assert "--expect-judge" in args_of("scoring", judge=True)  # the default: rules + assembly in one role
+    assert "--expect-judge" not in args_of("scoring")
+    split = {"roles": ("rules", "assembler")}
+    assert "--expect-judge" in args_of("assembler", judge=True, **split)
+    assert "--expect-judge" not in args_of("assembler", **split)
