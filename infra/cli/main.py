@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from infra.cli import output
 from infra.cli.options import apply_env_defaults
+from infra.cli.runtime import tune_gc
 from infra.commands import (
     bench,
     broker,
@@ -98,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(getattr(args, "log_level", "INFO") or "INFO")
     try:
+        tune_gc()
         result = handler(args)
     except KeyboardInterrupt:
         return 130

@@ -1,0 +1,49 @@
+"""Process-wide runtime settings of every `agentstream` process: the cyclic garbage collector.
+
+CPython collects its youngest generation every 700 net allocations of container objects, and every
+so often the whole heap. The stack's processes allocate a few containers per event (decoded events,
+rows, states) and hold large heaps (faust, aiokafka, pydantic schemas, state caches), so with the
+defaults a stream role spent about a quarter of its pure batch logic in the collector (the scoring
+role's batch logic over 12,000 steps with 2 KB observations: 166-172 µs per step with the defaults,
+113-116 with the thresholds below, 104-131 with the collector off). Reference counting frees nearly
+everything anyway; the collector is only for cycles, which these processes rarely make.
+
+`tune_gc` freezes what is loaded at start (modules, parsers: never garbage, so never scanned again)
+and raises the thresholds. `AGENTSTREAM_GC_THRESHOLDS` overrides them ("700,10,10" is CPython's
+default; "0" turns the collector off).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+from infra.errors import InfraError
+
+GC_THRESHOLDS = (50_000, 20, 10)
+ENV = "AGENTSTREAM_GC_THRESHOLDS"
+
+
+def gc_thresholds(value: str | None) -> tuple[int, ...]:
+    """The thresholds `value` names (None or empty: `GC_THRESHOLDS`).
+
+    >>> gc_thresholds(None), gc_thresholds("700,10,10"), gc_thresholds("0")
+    ((50000, 20, 10), (700, 10, 10), (0,))
+    """
+    if not value or not value.strip():
+        return GC_THRESHOLDS
+    try:
+        numbers = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        numbers = ()
+    if not 1 <= len(numbers) <= 3 or any(n < 0 for n in numbers):
+        raise InfraError(f"{ENV}: {value!r} is not 1 to 3 comma-separated non-negative integers")
+    return numbers
+
+
+def tune_gc(environ=os.environ) -> tuple[int, ...]:
+    """Freeze the objects loaded so far and set the collector's thresholds; returns them."""
+    thresholds = gc_thresholds(environ.get(ENV))
+    gc.freeze()
+    gc.set_threshold(*thresholds)
+    return thresholds
