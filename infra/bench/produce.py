@@ -54,7 +54,15 @@ def start_gateway(directory: Path, bootstrap: str, client: str, key_hash: str) -
 
 
 def sdk_once(bootstrap: str, data_dir: Path, steps: int, rate: float | None = None) -> dict:
-    """Record `steps` steps as fast as possible, or paced at `rate` steps/s."""
+    """Record `steps` steps as fast as possible, or paced at `rate` steps/s, under CPython's default
+    garbage-collector thresholds: those of an agent's process, not of this `agentstream` one."""
+    from infra.cli.runtime import default_gc
+
+    with default_gc():
+        return _sdk_once(bootstrap, data_dir, steps, rate)
+
+
+def _sdk_once(bootstrap: str, data_dir: Path, steps: int, rate: float | None) -> dict:
     from producers.recorder import AgentRecorder
 
     sent: dict[str, float] = {}

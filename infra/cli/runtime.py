@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from infra.errors import InfraError
 
 GC_THRESHOLDS = (50_000, 20, 10)
+PYTHON_DEFAULT = (700, 10, 10)  # CPython 3.11's
 ENV = "AGENTSTREAM_GC_THRESHOLDS"
 
 
@@ -47,3 +50,15 @@ def tune_gc(environ=os.environ) -> tuple[int, ...]:
     gc.freeze()
     gc.set_threshold(*thresholds)
     return thresholds
+
+
+@contextmanager
+def default_gc() -> Iterator[None]:
+    """CPython's default thresholds inside the block (a benchmark of code that runs in the user's
+    process, such as the SDK, measures it as it runs there); the previous ones after."""
+    before = gc.get_threshold()
+    gc.set_threshold(*PYTHON_DEFAULT)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)

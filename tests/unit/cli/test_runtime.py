@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from infra.cli.runtime import ENV, GC_THRESHOLDS, gc_thresholds, tune_gc
+from infra.cli.runtime import ENV, GC_THRESHOLDS, default_gc, gc_thresholds, tune_gc
 from infra.errors import InfraError
 
 
@@ -51,3 +51,10 @@ def test_a_real_process_runs_with_the_thresholds_and_refuses_a_bad_one(tmp_path)
 
 def _env(thresholds: str) -> dict[str, str]:
     return {**os.environ, ENV: thresholds}
+
+
+def test_a_benchmark_of_user_code_runs_under_cpython_defaults(restored_gc):
+    tune_gc({})
+    with default_gc():
+        assert gc.get_threshold() == (700, 10, 10)
+    assert gc.get_threshold() == GC_THRESHOLDS
