@@ -11,6 +11,8 @@ worker --roles rules` / `--roles assembler` (subprocesses), kafka-python produce
 - assembly steps/s: the same for `--roles assembler` over those trajectories (input: started,
   steps, ended and the rule rewards, about 2.2 events per step), timed to its last
   trajectory.scored; steps/s = trajectories/s x steps per trajectory.
+- scoring steps/s: the same for `--roles scoring` (the rules and the assembler in one role, the
+  stack's default) over the agent events alone, timed to its last trajectory.scored.
 - latency: with the rules worker caught up, steps are published at `--rate` steps/s for
   `--duration` s; latency = the reward record's timestamp (set when the worker produced it) minus
   the step record's timestamp (set when the producer sent it); p50 / p99.
@@ -58,19 +60,25 @@ def run(args) -> dict:
         scratch = Path(scratch)
         with BrokerProcess(scratch / "broker", args.broker_flush) as bootstrap:
             ensure_topics(bootstrap)
-            rules_rates, assembly_rates = [], []
+            rules_rates, assembly_rates, scoring_rates = [], [], []
             for r in range(repeats):
                 n = _publish_batch(bootstrap, f"r{r}", args.trajectories, args.steps)
                 rules_rates.append(_measure_worker(bootstrap, scratch, "rules", "reward.rule", n))
                 n_traj = args.trajectories
                 traj_rate = _measure_worker(bootstrap, scratch, "assembler", "trajectory.scored", n_traj)
                 assembly_rates.append(traj_rate * args.steps)
+                traj_rate = _measure_worker(bootstrap, scratch, "scoring", "trajectory.scored", n_traj)
+                scoring_rates.append(traj_rate * args.steps)
             raw["rules_steps_per_s"] = rules_rates
             raw["assembly_steps_per_s"] = assembly_rates
+            raw["scoring_steps_per_s"] = scoring_rates
             latencies = _latency(bootstrap, scratch, args.rate, args.duration, args.steps)
             raw["latency_ms_count"] = len(latencies)
             rows.append(_row("rules (batched, take_events)", median(rules_rates), latencies, percentile))
             rows.append({"processor": "assembler (batched)", "steps_per_s": median(assembly_rates)})
+            rows.append(
+                {"processor": "scoring (rules + assembly, one role)", "steps_per_s": median(scoring_rates)}
+            )
             if not args.skip_baseline:
                 base = _measure_baseline(bootstrap, scratch, args.trajectories, args.steps)
                 raw["baseline_steps_per_s"] = base

@@ -115,10 +115,11 @@ def test_worker_group_mode_one_call_per_group_across_partitions(broker, tmp_path
     assert len(server.requests) == 2  # one call per group
 
 
-def test_assembled_trajectories_carry_judge_scores_and_a_published_calibration(broker, tmp_path):
-    """rules + assembler + judge workers: the assembler waits for the judge on selected trajectories,
-    and after `calibration.updated` arrives its totals use the calibrated judge score and name the
-    map's version."""
+@pytest.mark.parametrize("roles", ["rules,assembler,judge", "scoring,judge"])
+def test_assembled_trajectories_carry_judge_scores_and_a_published_calibration(broker, tmp_path, roles):
+    """rules + assembler (or scoring) + judge workers: the assembler waits for the judge on selected
+    trajectories, and after `calibration.updated` arrives its totals use the calibrated judge score
+    and name the map's version."""
     from schemas.topics import TRAJECTORY_SCORED
     from streams.judge.calibration import calibration_event, fit_calibration
     from streams.judge.human import publish
@@ -128,7 +129,7 @@ def test_assembled_trajectories_carry_judge_scores_and_a_published_calibration(b
     ensure_topics(broker.bootstrap)
     with MessagesServer(base_score=0.3) as server:
         reader = TopicReader(broker.bootstrap, TRAJECTORY_SCORED)
-        worker = _worker(broker, tmp_path, server, rules, "worker", roles="rules,assembler,judge")
+        worker = _worker(broker, tmp_path, server, rules, "worker", roles=roles)
         try:
             _produce(broker.bootstrap, trajectory("before", n=2, task="task one"))
 
