@@ -227,9 +227,35 @@ def _measure_worker(bootstrap: str, scratch: Path, role: str, topic: str, expect
             return b": first batch:" in f.read()
 
     try:
-        return _rate_of(bootstrap, topic, expected, ready=ready)
+        rate = _rate_of(bootstrap, topic, expected, ready=ready)
+        _wait_committed(bootstrap, f"agentstream-{role}")
+        return rate
     finally:
         _stop(proc)
+
+
+def _wait_committed(bootstrap: str, group: str, timeout_s: float = 60.0) -> None:
+    """Until `group` has committed the end of every partition it consumes. A worker stopped before
+    that replays its uncommitted tail in the next run (same ids, but more records), and counting
+    records would then end that run's measurement before its new input was processed."""
+    from kafka import KafkaAdminClient, KafkaConsumer
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            committed = {
+                tp: meta.offset for tp, meta in admin.list_group_offsets(group).get(group, {}).items()
+            }
+            ends = consumer.end_offsets(list(committed)) if committed else {}
+            if committed and all(committed[tp] >= end for tp, end in ends.items()):
+                return
+            time.sleep(0.2)
+        log.warning("%s: offsets not committed to the end after %.0fs", group, timeout_s)
+    finally:
+        consumer.close()
+        admin.close()
 
 
 def _latency(bootstrap: str, scratch: Path, rate: float, duration: float, steps: int) -> list[float]:

@@ -85,7 +85,7 @@ class _Restored:
         self.done = True
         self.processor.started_at = self.processor.clock()
         count = self.processor.track_restored(list(self.shell.store().items()))
-        log.info("%s: %d restored trajectories may still emit", self.processor.name, count)
+        log.info("%s: %d restored trajectories may still emit", self.shell.name, count)
 
 
 def judge_mode_function(config: WorkerConfig):
