@@ -52,7 +52,3 @@ class Scoring:
         joined = pairs + [(last_record[r.trajectory_id], r) for r in rewards]
         self.assembler.assemble(joined, get_state, result, stage=self.name)
         return result
-
-    def expire(self, get_state: StateGetter) -> BatchResult:
-        """Emit what the grace period allows now (called by a timer)."""
-        return self.assembler.expire(get_state)
