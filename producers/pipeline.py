@@ -38,6 +38,8 @@ class RecorderConfig:
     block_timeout_s: float = 10.0
     linger_ms: int = 5
     spool_linger_ms: float = 10.0
+    # under load the linger grows with the record rate up to this (`LingerPacing`); None: 4 x spool_linger_ms
+    spool_linger_max_ms: float | None = None
     chunk_records: int = 2000
     fsync: bool = True
     segment_bytes: int = 64 * 1024 * 1024
@@ -59,6 +61,58 @@ class RecorderConfig:
             raise ProducerError(f"buffer_size: must be at least 1, got {self.buffer_size!r}")
         if not 0 <= self.spool_linger_ms <= 1000:
             raise ProducerError(f"spool_linger_ms: must be between 0 and 1000, got {self.spool_linger_ms!r}")
+        high = self.spool_linger_max_ms
+        if high is not None and not self.spool_linger_ms <= high <= 1000:
+            raise ProducerError(
+                f"spool_linger_max_ms: must be between spool_linger_ms ({self.spool_linger_ms!r}) and 1000, "
+                f"got {self.spool_linger_max_ms!r}"
+            )
+
+    @property
+    def linger_range_s(self) -> tuple[float, float]:
+        """(at a trickle, under load) seconds the writer and the delivery thread linger for more."""
+        low = self.spool_linger_ms
+        high = 4 * low if self.spool_linger_max_ms is None else self.spool_linger_max_ms
+        return low / 1000, min(high, 1000) / 1000
+
+
+class LingerPacing:
+    """How long the spool writer and the delivery thread linger for more records after a first one:
+    `min_s` at a trickle, growing linearly with the record rate (a moving average over the writer's
+    batches) from `LOW_RATE` records/s to `max_s` at `HIGH_RATE` and above. Each batch costs a spool
+    fsync, a produce request and two cursor fsyncs whatever its size, so under load a longer linger
+    saves CPU here and at the broker; at a trickle there is little to save and a wait would only add
+    latency.
+
+    >>> pacing = LingerPacing(0.01, 0.04)
+    >>> pacing.seconds
+    0.01
+    >>> for t in range(1, 30):
+    ...     pacing.observe(20, t * 0.04)  # 500 records/s
+    >>> round(pacing.seconds, 3)
+    0.04
+    """
+
+    LOW_RATE = 50.0
+    HIGH_RATE = 250.0
+    SMOOTHING = 0.2
+
+    def __init__(self, min_s: float, max_s: float):
+        self.min_s, self.max_s = min_s, max(min_s, max_s)
+        self.rate = 0.0  # records per second, a moving average over the batches
+        self._last: float | None = None
+
+    def observe(self, records: int, now: float) -> None:
+        """A batch of `records` was taken at `now` (monotonic seconds)."""
+        if self._last is not None:
+            sample = records / max(now - self._last, 0.001)
+            self.rate += self.SMOOTHING * (sample - self.rate)
+        self._last = now
+
+    @property
+    def seconds(self) -> float:
+        load = min(max((self.rate - self.LOW_RATE) / (self.HIGH_RATE - self.LOW_RATE), 0.0), 1.0)
+        return self.min_s + load * (self.max_s - self.min_s)
 
 
 class EventBuffer:
@@ -147,6 +201,7 @@ class RecordingPipeline:
         )
         self._base_seq = self.spool.end_seq  # acceptance number n is spool sequence base + n - 1
         self._buffer = EventBuffer(config.buffer_size, batch_items=config.chunk_records)
+        self.linger = LingerPacing(*config.linger_range_s)
         self._progress = threading.Condition()
         self._spooled_seq = self.spool.end_seq
         self.writer_error: BaseException | None = None
@@ -178,13 +233,13 @@ class RecordingPipeline:
 
     def _write_loop(self) -> None:
         while True:
-            batch = self._buffer.take(
-                max_items=self.config.chunk_records, wait_s=0.1, linger_s=self.config.spool_linger_ms / 1000
-            )
+            linger_s = self.linger.seconds
+            batch = self._buffer.take(max_items=self.config.chunk_records, wait_s=0.1, linger_s=linger_s)
             if not batch:
                 if self._buffer.closed and not len(self._buffer):
                     return
                 continue
+            self.linger.observe(len(batch), time.monotonic())
             try:
                 end = self.spool.append(batch)
             except BaseException as exc:  # a full or failing disk: surface to callers, never drop silently
@@ -205,9 +260,10 @@ class RecordingPipeline:
                 self._wake.wait(0.1)
                 self._wake.clear()
                 continue
-            if self.spool.pending < self.config.chunk_records and self.config.spool_linger_ms > 0:
-                # a trickle: let a few more steps join this produce request and its two cursor fsyncs
-                self._stop_delivery.wait(self.config.spool_linger_ms / 1000)
+            linger_s = self.linger.seconds
+            if self.spool.pending < self.config.chunk_records and linger_s > 0:
+                # not a full chunk: let a few more steps join this produce request and its two cursor fsyncs
+                self._stop_delivery.wait(linger_s)
             try:
                 self._delivery.deliver_once()
                 backoff = self._delivery.config.retry_backoff_s
