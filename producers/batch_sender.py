@@ -27,6 +27,13 @@ log = logging.getLogger(__name__)
 
 _KEYS_CACHED = 4096  # partitions remembered per topic (by key), so murmur2 runs once per trajectory
 
+# The largest record batch this sender builds: just under Kafka's default max.message.bytes (1,048,588,
+# also the embedded broker's). A produce request carries one batch per partition and aiokafka keeps one
+# request in flight per broker, each acknowledged after the broker's fsync round, so with the project's
+# 256 KiB a 2,000-step chunk of 2 KB steps took about six round trips; with this, two (bench produce:
+# flat out 6.2k -> 13.3k steps/s, 64 -> 54 µs of CPU per step).
+BATCH_BYTES = 1_000_000
+
 
 @dataclass(frozen=True)
 class SenderConfig:
@@ -107,6 +114,7 @@ class BatchSender:
             cfg.client_id,
             enable_idempotence=True,
             linger_ms=0,  # the batches are complete when handed over
+            max_batch_size=BATCH_BYTES,
             request_timeout_ms=cfg.request_timeout_ms,
         )
         try:

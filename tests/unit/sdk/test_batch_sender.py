@@ -44,3 +44,23 @@ def test_the_partition_cache_stays_bounded(monkeypatch):
         key = f"t{i}".encode()
         assert _cache_partition(by_key, key, [0, 1]) == _partition_for(key, [0, 1])
         assert len(by_key) <= 3 and by_key[key] == _partition_for(key, [0, 1])
+
+
+def test_a_chunk_of_2kb_steps_goes_in_batches_of_up_to_a_megabyte_that_any_broker_takes():
+    from aiokafka.producer.message_accumulator import BatchBuilder
+
+    from infra.broker.log_config import LogConfig
+
+    kafka_default_max_message_bytes = 1_048_588
+    broker_limit = min(kafka_default_max_message_bytes, LogConfig().max_message_bytes)
+    assert broker_limit > batch_sender.BATCH_BYTES
+
+    class _Large:
+        def create_batch(self):
+            return BatchBuilder(batch_sender.BATCH_BYTES, 0)
+
+    records = [SpoolRecord("agent.events", b"t", f"e{i}", b"v" * 2600, i) for i in range(2000)]
+    batches = _fill(_Large(), "agent.events", 0, records)
+    assert len(batches) == 6  # about 380 steps a batch, not about 95 as with 256 KiB
+    assert all(b.builder.size() <= batch_sender.BATCH_BYTES for b in batches)
+    assert [r for b in batches for r in b.records] == records
