@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clients.fetch_pacing import IDLE_WAIT_MS
 from schemas.settings import DEFAULT_BOOTSTRAP
 from schemas.topics import AGENT_EVENTS, TOPICS
 from streams.errors import WorkerConfigError
@@ -96,6 +97,14 @@ class WorkerConfig:
             "help": "rules/assembler: longest a fetch waits for --fetch-min-bytes",
         },
     )
+    fetch_idle_wait_ms: int = field(
+        default=IDLE_WAIT_MS,
+        metadata={
+            "help": "rules/assembler: once fetches have returned nothing for 250 ms, the next one waits "
+            "for the first byte, up to this long, instead of polling every --fetch-max-wait-ms "
+            "(0: always as sized)"
+        },
+    )
     reward_version: str = field(
         default="rules-1",
         metadata={
@@ -135,6 +144,8 @@ class WorkerConfig:
                 "--fetch-min-bytes / --fetch-max-wait-ms: must be >= 1 / >= 0, "
                 f"got {self.fetch_min_bytes!r} / {self.fetch_max_wait_ms!r}"
             )
+        if self.fetch_idle_wait_ms < 0:
+            raise WorkerConfigError(f"--fetch-idle-wait-ms: must be >= 0, got {self.fetch_idle_wait_ms!r}")
         if self.batch_pace_ms < 0:
             raise WorkerConfigError(f"--batch-pace-ms: must be >= 0, got {self.batch_pace_ms!r}")
         if self.batch_max < 1 or self.batch_within_s <= 0:

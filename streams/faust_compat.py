@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from clients.fetch_pacing import pace_fetches
 from streams.errors import FaustVersionError
 
 log = logging.getLogger(__name__)
@@ -201,10 +202,11 @@ def _snapshot_getmany(original):
     return getmany
 
 
-def set_fetch_size(app, min_bytes: int, max_wait_ms: int) -> None:
+def set_fetch_size(app, min_bytes: int, max_wait_ms: int, idle_wait_ms: int = 0) -> None:
     """Fetches of `app`'s consumer are answered once `min_bytes` are ready or after `max_wait_ms`
-    (faust passes neither to aiokafka). Under `deliver_in_batches` a fetch is a batch."""
-    app._agentstream_fetch = (min_bytes, max_wait_ms)
+    (faust passes neither to aiokafka). Under `deliver_in_batches` a fetch is a batch. With
+    `idle_wait_ms`, the consumer's fetches are paced once it has started (clients/fetch_pacing.py)."""
+    app._agentstream_fetch = (min_bytes, max_wait_ms, idle_wait_ms)
 
 
 def _sized_fetches(create):
@@ -214,10 +216,22 @@ def _sized_fetches(create):
         if sizing is not None:  # read by AIOKafkaConsumer.start(), which has not run yet
             if not hasattr(consumer, "_fetch_min_bytes"):
                 log.warning("this aiokafka has no _fetch_min_bytes: fetches are not sized")
-            consumer._fetch_min_bytes, consumer._fetch_max_wait_ms = sizing
+            min_bytes, max_wait_ms, idle_wait_ms = sizing
+            consumer._fetch_min_bytes, consumer._fetch_max_wait_ms = min_bytes, max_wait_ms
+            consumer.start = _paced_start(consumer, idle_wait_ms)
         return consumer
 
     return create_worker_consumer
+
+
+def _paced_start(consumer, idle_wait_ms: int):
+    start = consumer.start
+
+    async def start_paced() -> None:
+        await start()
+        pace_fetches(consumer, idle_wait_ms)  # the fetcher exists once started
+
+    return start_paced
 
 
 def deliver_in_batches(app, topics, handler) -> None:

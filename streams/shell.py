@@ -129,10 +129,11 @@ class BatchShell:
 
         faust_compat.deliver_in_batches(self.app, source.topics, handle)
 
-    def size_fetches(self, min_bytes: int, max_wait_ms: int) -> None:
-        """A fetch, and so a batch under `consume_in_batches`, waits for `min_bytes` or `max_wait_ms`."""
+    def size_fetches(self, min_bytes: int, max_wait_ms: int, idle_wait_ms: int = 0) -> None:
+        """A fetch, and so a batch under `consume_in_batches`, waits for `min_bytes` or `max_wait_ms`;
+        once they return nothing, for the first byte or `idle_wait_ms` (clients/fetch_pacing.py)."""
         if min_bytes > 1:
-            faust_compat.set_fetch_size(self.app, min_bytes, max_wait_ms)
+            faust_compat.set_fetch_size(self.app, min_bytes, max_wait_ms, idle_wait_ms)
 
     async def hold(self, stream) -> None:
         """The body of an agent under `consume_in_batches`: it keeps faust's subscription, recovery

@@ -9,6 +9,8 @@ chDB whatever its size), so under load the window stays long and the inserts gro
 multiplying, while at a trickle, where that cost is small in total, rows do not wait the full window.
 Fetches wait for `fetch_min_bytes` (or `fetch_max_wait_ms`): a Kafka client spends far more per
 fetch than per record, so following a live stream record by record costs several times the CPU.
+Once fetches have returned nothing for a quarter of a second the next one waits for the first byte,
+up to `fetch_idle_wait_ms` (clients/fetch_pacing.py), so an idle sink does not poll 20 times a second.
 
 A crash at any point re-delivers from the last commit, and the tables deduplicate what was written
 twice. Undecodable records and unwritable rows go to the DLQ topic (`stage="sink"`); dead letters
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from clients.fetch_pacing import IDLE_WAIT_MS, pace_fetches
 from clients.kafka import ensure_topics, make_consumer, make_producer
 from consumers.errors import ConsumerConfigError
 from consumers.sink.clickhouse import ClickHouseSink
@@ -75,6 +78,13 @@ class SinkConfig:
     fetch_max_wait_ms: int = field(
         default=50, metadata={"help": "longest the broker holds a fetch waiting for --fetch-min-bytes"}
     )
+    fetch_idle_wait_ms: int = field(
+        default=IDLE_WAIT_MS,
+        metadata={
+            "help": "once fetches have returned nothing for 250 ms, the next one waits for the first "
+            "byte, up to this long, instead of polling every --fetch-max-wait-ms (0: always as sized)"
+        },
+    )
     max_retry_s: float = field(
         default=300.0, metadata={"help": "retry an unavailable ClickHouse this long, then exit 1"}
     )
@@ -106,6 +116,8 @@ class SinkConfig:
                 "--fetch-min-bytes / --fetch-max-wait-ms: must be >= 1 / >= 0, "
                 f"got {self.fetch_min_bytes!r} / {self.fetch_max_wait_ms!r}"
             )
+        if self.fetch_idle_wait_ms < 0:
+            raise ConsumerConfigError(f"--fetch-idle-wait-ms: must be >= 0, got {self.fetch_idle_wait_ms!r}")
         if self.max_retry_s < 0:
             raise ConsumerConfigError(f"--max-retry-s: must be >= 0, got {self.max_retry_s!r}")
         unknown = sorted(set(self.topics) - set(TOPICS))
@@ -412,6 +424,7 @@ async def _consume_async(
     worker = SinkWorker(config, client, consumer, producer)
     worker_ref.append(worker)
     await consumer.start()
+    pace_fetches(consumer, config.fetch_idle_wait_ms)
     if ready is not None:
         ready()
     try:

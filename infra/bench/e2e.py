@@ -37,6 +37,12 @@ def add_arguments(parser) -> None:
         help="the stack's stream roles, as `up --roles` (scoring, or rules,assembler)",
     )
     parser.add_argument("--workers", type=int, default=1, help="processes per stream role, as `up --workers`")
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=10.0,
+        help="first measure the started stack with no load for this many seconds (0: skip)",
+    )
 
 
 def run(args) -> dict:
@@ -47,9 +53,11 @@ def run(args) -> dict:
     config = embedded_config(data_dir, roles=roles, workers=args.workers)
     supervisor = StackSupervisor(config, on_event=lambda m: say(f"[e2e] {m}"))
     supervisor.start()
-    levels, cpu_rows, samples = [], [], {}
+    levels, cpu_rows, samples, idle = [], [], {}, None
     try:
         _wait_for_clickhouse(config)
+        if args.idle > 0:
+            idle = _idle_cpu(supervisor, args.idle)
         for rate in [float(r) for r in str(args.rates).split(",") if r.strip()]:
             level, cpu, latencies = _run_level(config, supervisor, rate, args)
             levels.append(level)
@@ -66,6 +74,7 @@ def run(args) -> dict:
             "CPU seconds per 1,000 steps, per process (load start .. all in ClickHouse)": "cpu_s_per_1k_steps"
         },
         "cpu_s_per_1k_steps": cpu_rows,
+        "idle_cpu_ms_per_s": idle,
         "stack": {"roles": list(roles), "workers": args.workers},
         "plot": args.plot,
         "data_dir": str(data_dir) if args.keep_data else None,
@@ -78,6 +87,26 @@ def _stack_pids(supervisor) -> dict[str, int]:
         for name, entry in supervisor.running.items()
         if entry.popen is not None and entry.popen.poll() is None
     }
+
+
+def _idle_cpu(supervisor, seconds: float, settle_s: float = 5.0) -> dict:
+    """CPU milliseconds per second of every stack process with no load (after `settle_s` for the
+    start-up to finish): what the stack costs while nothing happens, i.e. polls and timers."""
+    from infra.bench import cpu
+
+    say(f"[e2e] measuring the idle stack for {seconds:.0f}s")
+    time.sleep(settle_s)
+    pids = _stack_pids(supervisor)
+    before = cpu.snapshot(pids)
+    time.sleep(seconds)
+    # CPU seconds per 1,000 ms of wall clock = CPU ms per second
+    per_s = cpu.per_thousand(before, cpu.snapshot(pids), round(seconds * 1000))
+    row: dict = {"seconds": seconds}
+    row.update({name: None if v is None else round(v * 1000, 1) for name, v in per_s.items()})
+    complete = None not in per_s.values()
+    row["stack"] = round(sum(v for v in per_s.values() if v is not None) * 1000, 1) if complete else None
+    say("[e2e] idle CPU, ms per second: " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "seconds"))
+    return row
 
 
 def _run_level(config, supervisor, rate: float, args) -> tuple[dict, dict, dict]:

@@ -53,6 +53,7 @@ def section(e2e: dict, produce: dict | None = None, baseline: dict | None = None
         "CPU is seconds per 1,000 steps from each process's own accounting, from the start of the load "
         "until every step was in ClickHouse; latencies are from a step's publish to its rule reward "
         "(and its scored trajectory) visible in ClickHouse.",
+        *_idle(e2e),
         "",
         *_targets(e2e, produce, baseline),
     ]
@@ -93,6 +94,26 @@ def _table(e2e: dict) -> list[str]:
         ]
         out.append("| " + " | ".join(cells) + " |")
     return out
+
+
+def _idle(e2e: dict) -> list[str]:
+    """The idle stack's CPU, when the run measured it (`bench e2e --idle`).
+
+    >>> _idle({"idle_cpu_ms_per_s": {"seconds": 10.0, "broker": 7.0, "sink": 16.3, "stack": 23.3}})[1][46:]
+    'the stack used 23.3 ms of CPU per second: broker 7.0, sink 16.3.'
+    >>> _idle({})
+    []
+    """
+    idle = e2e.get("idle_cpu_ms_per_s")
+    if not idle or idle.get("stack") is None:
+        return []
+    names = [n for n in STACK_ORDER if idle.get(n) is not None]
+    parts = ", ".join(f"{n} {_n(idle[n], 1)}" for n in names)
+    return [
+        "",
+        f"With no load ({_n(idle['seconds'], 0)} s before the first rate), the stack used "
+        f"{_n(idle['stack'], 1)} ms of CPU per second: {parts}.",
+    ]
 
 
 def _figures(e2e: dict | None) -> tuple[dict, dict]:

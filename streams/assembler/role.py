@@ -60,7 +60,7 @@ def run_assembly(
 
     source = shell.source(*sources)
     shell.consume_in_batches(source, config.batch_max, process_batch, pace_s=config.batch_pace_ms / 1000)
-    shell.size_fetches(config.fetch_min_bytes, config.fetch_max_wait_ms)
+    shell.size_fetches(config.fetch_min_bytes, config.fetch_max_wait_ms, config.fetch_idle_wait_ms)
 
     @app.agent(source, name=shell.name)
     async def assemble(stream):

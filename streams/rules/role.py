@@ -22,7 +22,7 @@ def register(app, config: WorkerConfig) -> RuleRewarder:
 
     source = shell.source(*processor.sources)
     shell.consume_in_batches(source, config.batch_max, process, pace_s=config.batch_pace_ms / 1000)
-    shell.size_fetches(config.fetch_min_bytes, config.fetch_max_wait_ms)
+    shell.size_fetches(config.fetch_min_bytes, config.fetch_max_wait_ms, config.fetch_idle_wait_ms)
 
     @app.agent(source, name=processor.name)
     async def rules(stream):
