@@ -5,7 +5,8 @@ than fsync inside every append (which would stall the event loop once per reques
 handler appends (a plain write), then awaits `GroupCommit.durable(logs)`. One worker thread fsyncs
 every log appended to since its last round and releases all the requests that were waiting for
 it; requests arriving meanwhile join the next round. The event loop keeps serving fetches and
-other connections while the disk works.
+other connections while the disk works. OffsetCommit joins the rounds the same way, with the
+committed-offsets file (`BrokerStore.offsets_journal`) as one more thing to flush.
 
 Rounds start at most every `min_interval_s` (`--group-commit-interval-ms`, 10 ms): under load the
 requests of that interval share one round, and each log one fsync, instead of a round (an executor

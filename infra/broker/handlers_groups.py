@@ -122,7 +122,7 @@ async def handle_offset_commit(state: BrokerState, req: Request):
     member_id = body.member_id if version >= 1 else ""
     generation = body.generation_id_or_member_epoch if version >= 1 else -1
     refusal = state.groups.commit_error(body.group_id, generation, member_id)
-    codes = _commit(state, body, version) if refusal is None else {}
+    codes = await _commit(state, body, version) if refusal is None else {}
     topic_class = OffsetCommitResponse.OffsetCommitResponseTopic
     partition_class = topic_class.OffsetCommitResponsePartition
     topics = [
@@ -141,8 +141,10 @@ async def handle_offset_commit(state: BrokerState, req: Request):
     return OffsetCommitResponse(version=version, throttle_time_ms=0, topics=topics)
 
 
-def _commit(state: BrokerState, body, version: int) -> dict[tuple[str, int], int]:
-    """Store the offsets of known partitions; an error code per (topic, partition)."""
+async def _commit(state: BrokerState, body, version: int) -> dict[tuple[str, int], int]:
+    """Store the offsets of known partitions; an error code per (topic, partition). Under `--flush
+    always` the fsync joins the group commit's next round (as a produce's does) instead of blocking
+    the event loop for the disk's latency; the answer waits for it either way."""
     codes, offsets = {}, {}
     for topic in body.topics:
         meta = state.store.topic(topic.name)
@@ -154,8 +156,16 @@ def _commit(state: BrokerState, body, version: int) -> dict[tuple[str, int], int
             epoch = p.committed_leader_epoch if version >= 6 else -1
             offsets[key] = (p.committed_offset, p.committed_metadata or "", epoch)
             codes[key] = ErrorCode.NONE
-    if offsets:
-        state.store.commit_offsets(body.group_id, offsets)
+    if not offsets:
+        return codes
+    deferred = state.acks_wait_for_fsync
+    state.store.commit_offsets(body.group_id, offsets, sync=not deferred)
+    if deferred:
+        try:
+            await state.commit.durable([state.store.offsets_journal])
+        except Exception as exc:  # nothing acknowledged that is not on disk
+            log.error("offset commit of group %r not acknowledged, fsync failed: %s", body.group_id, exc)
+            codes.update(dict.fromkeys(offsets, ErrorCode.KAFKA_STORAGE_ERROR))
     return codes
 
 

@@ -6,7 +6,9 @@ Owns the files directly under the broker data directory:
   (replaced atomically: tmp + fsync + rename).
 - `<topic>-<partition>/`: one `PartitionLog` per partition (see `infra.broker.log`).
 - `group_offsets.jsonl`: committed consumer-group offsets, one JSON line per commit call, fsynced
-  before the call returns; compacted into a fresh file on open and when it grows.
+  before the call returns, or (`sync=False`, what the broker's OffsetCommit does under `--flush
+  always`) in the next group commit round, through `offsets_journal`; compacted into a fresh file on
+  open and when it grows.
 - `producer_ids.json`: the next unallocated block of producer ids, so an id is never handed out twice.
 
 It must not know the wire protocol or group membership (the coordinator lives in the server layer);
@@ -142,6 +144,8 @@ class BrokerStore:
             self._warn_orphans()
             self._offsets: dict[str, dict[OffsetKey, OffsetValue]] = {}
             self._offsets_fh = self._open_offsets()
+            self._offsets_dirty = False  # lines written with sync=False, not fsynced yet
+            self.offsets_journal = _Flushable(self.flush_offsets)
             self._next_pid, self._pid_limit = self._load_producer_ids()
         except BaseException:
             for partition_log in self._logs.values():
@@ -296,24 +300,46 @@ class BrokerStore:
         write_file_atomic(self.data_dir / OFFSETS_FILE, "".join(lines).encode(), sync=True)
         self._offset_lines = len(lines)
 
-    def _append_offsets_line(self, entry: dict) -> None:
+    def _append_offsets_line(self, entry: dict, sync: bool = True) -> None:
         self._offsets_fh.write(json.dumps(entry, separators=(",", ":")).encode() + b"\n")
         self._offsets_fh.flush()
-        os.fsync(self._offsets_fh.fileno())
+        if sync:
+            os.fsync(self._offsets_fh.fileno())
+        else:
+            self._offsets_dirty = True
         self._offset_lines += 1
         if self._offset_lines > _COMPACT_MIN_LINES and self._offset_lines > 4 * len(self._offsets):
             self._offsets_fh.close()
-            self._write_compacted_offsets()
+            self._write_compacted_offsets()  # every offset, fsynced
+            self._offsets_dirty = False
             self._offsets_fh = open(self.data_dir / OFFSETS_FILE, "ab")  # noqa: SIM115 - lives with the store
 
-    def commit_offsets(self, group: str, offsets: dict[OffsetKey, OffsetValue]) -> None:
-        """Store (offset, metadata, leader_epoch) per (topic, partition); durable when this returns."""
+    def flush_offsets(self) -> None:
+        """fsync the offsets committed with `sync=False`. Safe to call from another thread (the
+        group commit's): the lock is not held during the fsync."""
+        with self._lock:
+            if not self._offsets_dirty or self._offsets_fh.closed:
+                return
+            fd = os.dup(self._offsets_fh.fileno())  # survives a concurrent compaction or close
+            self._offsets_dirty = False
+        try:
+            os.fdatasync(fd)
+        except OSError:
+            self._offsets_dirty = True
+            raise
+        finally:
+            os.close(fd)
+
+    def commit_offsets(self, group: str, offsets: dict[OffsetKey, OffsetValue], sync: bool = True) -> None:
+        """Store (offset, metadata, leader_epoch) per (topic, partition); durable when this returns,
+        or with `sync=False` once `flush_offsets()` has run (`offsets_journal` joins a group commit
+        round). `committed()` shows them at once either way."""
         if not offsets:
             return
         rows = [[t, int(p), int(o), m, int(e)] for (t, p), (o, m, e) in offsets.items()]
         with self._lock:
             try:
-                self._append_offsets_line({"g": group, "c": rows})
+                self._append_offsets_line({"g": group, "c": rows}, sync)
             except OSError as exc:
                 raise StorageIOError(f"commit of offsets for group {group!r} failed: {exc}") from exc
             stored = self._offsets.setdefault(group, {})
@@ -387,6 +413,13 @@ class BrokerStore:
                 self._offsets_fh.close()
             if self._dir_lock is not None:
                 self._dir_lock.close()
+
+
+class _Flushable:
+    """The offsets file as the group commit sees a partition log: something with `flush()`."""
+
+    def __init__(self, flush) -> None:
+        self.flush = flush
 
 
 def _lock_data_dir(data_dir: Path):

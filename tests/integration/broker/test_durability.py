@@ -100,6 +100,26 @@ def test_kill9_during_acks_all_keeps_every_acknowledged_message_once(broker, tmp
     _tear_and_recover(broker, "durable", log)
 
 
+def test_kill9_after_an_acknowledged_offset_commit_keeps_the_offsets(broker):
+    """OffsetCommit's fsync joins the group commit's round (not the event loop): once the client has
+    its answer, the offsets survive a kill -9."""
+    from kafka.structs import OffsetAndMetadata
+
+    create_topic(broker.bootstrap, "tracked", 2)
+    parts = [TopicPartition("tracked", 0), TopicPartition("tracked", 1)]
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id="keeper", enable_auto_commit=False)
+    consumer.assign(parts)
+    for n in range(1, 21):  # commits of a running consumer, each acknowledged before the next
+        consumer.commit({tp: OffsetAndMetadata(n * 10 + tp.partition, "", -1) for tp in parts})
+    consumer.close()
+    broker.restart(kill9=True)
+    reader = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id="keeper", enable_auto_commit=False)
+    try:
+        assert [reader.committed(tp) for tp in parts] == [200, 201]
+    finally:
+        reader.close()
+
+
 def _tear_and_recover(broker, topic: str, before: dict[int, list[tuple[int, bytes]]]) -> None:
     """Append half a batch to partition 0's active segment, as a crash mid-write would leave."""
     broker.proc.kill9()

@@ -222,3 +222,42 @@ def test_batch_over_max_message_bytes_is_refused(state):
     response = produce(state, "small", 0, record_batch([b"y" * 2000]))
     assert response.responses[0].partition_responses[0].error_code == 10  # MESSAGE_TOO_LARGE
     assert state.store.log("small", 0).high_watermark == 0
+
+
+def test_offset_commit_under_flush_always_is_answered_after_a_group_commit_round(tmp_path):
+    config = BrokerConfig(data_dir=tmp_path / "broker", flush="always")
+    state = BrokerState(config, open_store(config))
+    state.store.create_topic("tracked", 1, {})
+    partition = OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition
+    topic = OffsetCommitRequest.OffsetCommitRequestTopic(
+        name="tracked",
+        partitions=[
+            partition(partition_index=0, committed_offset=7, committed_leader_epoch=0, committed_metadata="")
+        ],
+    )
+    commit = OffsetCommitRequest(
+        group_id="g",
+        generation_id_or_member_epoch=-1,
+        member_id="",
+        group_instance_id=None,
+        topics=[topic],
+        version=8,
+    )
+    flushed: list[bool] = []
+    real_flush = state.store.flush_offsets
+    state.store.offsets_journal.flush = lambda: flushed.append(state.store._offsets_dirty) or real_flush()
+
+    async def commit_in_a_round():
+        state.commit.start()
+        try:
+            return await HANDLERS[commit.API_KEY](state, Request(commit.API_KEY, 8, 1, "t", commit, ""))
+        finally:
+            await state.commit.close()
+
+    try:
+        response = asyncio.run(commit_in_a_round())
+        assert [p.error_code for p in response.topics[0].partitions] == [0]
+        assert flushed == [True], "the round fsynced the offsets line the commit wrote"
+        assert state.store.committed("g") == {("tracked", 0): (7, "", 0)}
+    finally:
+        state.store.close()

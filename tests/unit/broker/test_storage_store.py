@@ -178,3 +178,26 @@ def test_a_second_store_on_the_same_directory_is_refused(tmp_path):
         BrokerStore(tmp_path, LogConfig())
     store.close()
     BrokerStore(tmp_path, LogConfig()).close()
+
+
+def test_offsets_committed_without_sync_wait_for_flush_offsets(tmp_path, monkeypatch):
+    """OffsetCommit under `--flush always` writes its line at once and leaves the fsync to the group
+    commit's next round, which calls `offsets_journal.flush()`."""
+    import os
+
+    syncs: list[str] = []
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+    monkeypatch.setattr(os, "fsync", lambda fd: syncs.append("fsync") or real_fsync(fd))
+    monkeypatch.setattr(os, "fdatasync", lambda fd: syncs.append("fdatasync") or real_fdatasync(fd))
+    store = BrokerStore(tmp_path, LogConfig())
+    syncs.clear()
+    store.commit_offsets("g", {("t", 0): (3, None, -1)}, sync=False)
+    store.commit_offsets("g", {("t", 1): (8, "m", 0)}, sync=False)
+    assert syncs == []
+    assert store.committed("g") == {("t", 0): (3, None, -1), ("t", 1): (8, "m", 0)}  # visible at once
+    store.offsets_journal.flush()
+    store.offsets_journal.flush()  # nothing new: no second fsync
+    assert syncs == ["fdatasync"]
+    store.commit_offsets("g", {("t", 0): (4, None, -1)})  # the default still fsyncs before returning
+    assert syncs == ["fdatasync", "fsync"]
+    assert reopen(store, clean=False).committed("g") == {("t", 0): (4, None, -1), ("t", 1): (8, "m", 0)}
