@@ -6,7 +6,9 @@ handler appends (a plain write), then awaits `GroupCommit.durable(logs)`. One wo
 every log appended to since its last round and releases all the requests that were waiting for
 it; requests arriving meanwhile join the next round. The event loop keeps serving fetches and
 other connections while the disk works. OffsetCommit joins the rounds the same way, with the
-committed-offsets file (`BrokerStore.offsets_journal`) as one more thing to flush.
+committed-offsets file (`BrokerStore.offsets_journal`) as one more thing to flush. Under `--flush
+always` what a produce hands to a round is the write-ahead file (wal.py), not its partition logs: a
+round is one fsync however many partitions it touched.
 
 Rounds start at most every `min_interval_s` (`--group-commit-interval-ms`, 10 ms): under load the
 requests of that interval share one round, and each log one fsync, instead of a round (an executor

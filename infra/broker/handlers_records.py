@@ -124,11 +124,12 @@ def _produce_partition(state: BrokerState, topic: str, data, refusal: tuple[int,
     try:
         partition_log = state.store.log(topic, data.index)
         result = partition_log.append(data.records or b"")
+        durable_by = _write_ahead(state, partition_log, topic, data, result)
     except errors.BrokerStorageError as exc:
         code = append_error_code(exc)
         log.warning("produce to %s[%d] refused (%s): %s", topic, data.index, ErrorCode(code).name, exc)
         return _produce_error(partition_class, data.index, code, str(exc))
-    appended[id(partition_log)] = partition_log
+    appended[id(durable_by)] = durable_by
     return partition_class(
         index=data.index,
         error_code=0,  # a duplicate (retried) batch is acknowledged with its original offsets
@@ -138,6 +139,22 @@ def _produce_partition(state: BrokerState, topic: str, data, refusal: tuple[int,
         record_errors=[],
         error_message=None,
     )
+
+
+def _write_ahead(state: BrokerState, partition_log, topic: str, data, result):
+    """What the group commit must flush for this append to be durable: the write-ahead file, with a
+    frame of the records appended to it (infra/broker/wal.py), or without one the partition log."""
+    wal = state.store.write_ahead
+    if wal is None:
+        return partition_log
+    if not result.duplicate:  # a retried batch was framed when first appended
+        try:
+            wal.append(
+                partition_log, state.store.topic(topic).topic_id, data.index, result.base_offset, data.records
+            )
+        except OSError as exc:
+            raise errors.StorageIOError(f"write-ahead of {topic}[{data.index}] failed: {exc}") from exc
+    return wal
 
 
 def _produce_error(partition_class, index: int, code: int, message: str):

@@ -51,7 +51,16 @@ def open_store(config: BrokerConfig):
         defaults = LogConfig(flush="interval", flush_interval_ms=NEVER_MS)
     else:
         defaults = LogConfig(flush="interval", flush_interval_ms=config.flush_interval_ms)
-    return BrokerStore(config.data_dir, defaults)
+    store = BrokerStore(config.data_dir, defaults)
+    if config.flush == "always":
+        try:
+            restored = store.open_write_ahead()
+        except BaseException:
+            store.close()
+            raise
+        if restored:
+            log.warning("restored %d records from the write-ahead file", restored)
+    return store
 
 
 async def serve(

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "group_offsets.jsonl"
+WAL_DIR = "wal"  # the write-ahead files (infra/broker/wal.py)
 PRODUCER_IDS_FILE = "producer_ids.json"
 LOCK_FILE = ".lock"
 PRODUCER_ID_BLOCK = 1000
@@ -145,6 +146,7 @@ class BrokerStore:
             self._offsets: dict[str, dict[OffsetKey, OffsetValue]] = {}
             self._offsets_fh = self._open_offsets()
             self._offsets_dirty = False  # lines written with sync=False, not fsynced yet
+            self.write_ahead = None  # infra/broker/wal.py, set by `open_write_ahead`
             self.offsets_journal = _Flushable(self.flush_offsets)
             self._next_pid, self._pid_limit = self._load_producer_ids()
         except BaseException:
@@ -398,6 +400,24 @@ class BrokerStore:
                 log.exception("compaction of %s-%d failed; retrying at the next check", topic, partition)
         return cleaned
 
+    def open_write_ahead(self) -> int:
+        """Appends are framed in one write-ahead file, fsynced once per group commit round (wal.py).
+        Replays what a crash left first; returns the records restored."""
+        from infra.broker.wal import WriteAhead
+
+        wal = WriteAhead(self.data_dir / WAL_DIR)
+        restored = wal.replay(self._log_by_id)
+        self.flush_all()
+        wal.close()  # every frame is in its log and fsynced: start empty
+        self.write_ahead = wal
+        return restored
+
+    def _log_by_id(self, topic_id: uuid.UUID, partition: int) -> PartitionLog | None:
+        meta = self.topic_by_id(topic_id)
+        if meta is None or not 0 <= partition < meta.partitions:
+            return None
+        return self._logs.get((meta.name, partition))
+
     def flush_all(self) -> None:
         with self._lock:
             logs = list(self._logs.values())
@@ -409,6 +429,8 @@ class BrokerStore:
         with self._lock:
             for pl in self._logs.values():
                 pl.close()
+            if self.write_ahead is not None:  # after the logs: they hold everything it framed
+                self.write_ahead.close()
             if not self._offsets_fh.closed:
                 self._offsets_fh.close()
             if self._dir_lock is not None:
