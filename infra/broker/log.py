@@ -62,7 +62,7 @@ from infra.broker.records import (
     next_sequence,
     stamp_log_append_time,
 )
-from infra.broker.segment import LOG_SUFFIX, BatchScan, Segment, write_file_atomic
+from infra.broker.segment import LOG_SUFFIX, BatchScan, Segment, sync_copy, write_file_atomic
 
 __all__ = [
     "AppendResult",
@@ -436,13 +436,10 @@ class PartitionLog:
                 return
             fd = os.dup(self._segments[-1].fd)  # survives a concurrent close or roll
             self._dirty = False
-        try:
-            _fdatasync(fd)
-        except OSError:
-            self._dirty = True
-            raise
-        finally:
-            os.close(fd)
+        sync_copy(fd, self._mark_dirty)
+
+    def _mark_dirty(self) -> None:
+        self._dirty = True
 
     def _flush_locked(self) -> None:
         if self._dirty:

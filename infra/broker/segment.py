@@ -312,3 +312,16 @@ def write_file_atomic(path: Path, data: bytes, sync: bool) -> None:
             fh.flush()
             os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def sync_copy(fd_copy: int, on_failure) -> None:
+    """fdatasync a descriptor duplicated under the caller's lock (so a concurrent close, roll or
+    compaction cannot take it away while the lock is released for the disk), then close it;
+    `on_failure()` marks the data unsynced again before an error propagates."""
+    try:
+        getattr(os, "fdatasync", os.fsync)(fd_copy)  # macOS has no fdatasync
+    except OSError:
+        on_failure()
+        raise
+    finally:
+        os.close(fd_copy)

@@ -40,7 +40,7 @@ from infra.broker.errors import (
     UnknownTopicError,
 )
 from infra.broker.log import LogConfig, PartitionLog
-from infra.broker.segment import write_file_atomic
+from infra.broker.segment import sync_copy, write_file_atomic
 
 __all__ = [
     "TOPIC_DEFAULTS",
@@ -324,13 +324,10 @@ class BrokerStore:
                 return
             fd = os.dup(self._offsets_fh.fileno())  # survives a concurrent compaction or close
             self._offsets_dirty = False
-        try:
-            os.fdatasync(fd)
-        except OSError:
-            self._offsets_dirty = True
-            raise
-        finally:
-            os.close(fd)
+        sync_copy(fd, self._offsets_unsynced)
+
+    def _offsets_unsynced(self) -> None:
+        self._offsets_dirty = True
 
     def commit_offsets(self, group: str, offsets: dict[OffsetKey, OffsetValue], sync: bool = True) -> None:
         """Store (offset, metadata, leader_epoch) per (topic, partition); durable when this returns,

@@ -39,6 +39,7 @@ from crc32c import crc32c
 from clients.files import fsync_dir
 from infra.broker.errors import BrokerStorageError
 from infra.broker.records import iter_batches
+from infra.broker.segment import sync_copy
 
 log = logging.getLogger(__name__)
 
@@ -123,13 +124,10 @@ class WriteAhead:
                 return
             fd = os.dup(self._fd)
             self._dirty = False
-        try:
-            os.fdatasync(fd)
-        except OSError:
-            self._dirty = True
-            raise
-        finally:
-            os.close(fd)
+        sync_copy(fd, self._unsynced)
+
+    def _unsynced(self) -> None:
+        self._dirty = True
 
     def checkpoint_due(self) -> bool:
         return self._size >= CHECKPOINT_BYTES or time.monotonic() - self._last_checkpoint >= CHECKPOINT_S

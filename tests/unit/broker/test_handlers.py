@@ -178,28 +178,26 @@ def test_describe_configs_unknown_topic(state):
     assert result.results[0].error_code == 3
 
 
-def test_offset_commit_and_v8_groups_offset_fetch(state):
-    state.store.create_topic("tracked", 2, {})
+def offset_commit(group: str, topic: str, partitions: list[tuple[int, int, str | None]]):
+    """An OffsetCommit v8 of (partition, offset, metadata) rows, leader epoch 0, outside any generation."""
     partition = OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition
-    topic = OffsetCommitRequest.OffsetCommitRequestTopic(
-        name="tracked",
-        partitions=[
-            partition(
-                partition_index=0, committed_offset=5, committed_leader_epoch=0, committed_metadata="m"
-            ),
-            partition(
-                partition_index=9, committed_offset=1, committed_leader_epoch=0, committed_metadata=None
-            ),
-        ],
-    )
-    commit = OffsetCommitRequest(
-        group_id="g8",
+    rows = [
+        partition(partition_index=p, committed_offset=o, committed_leader_epoch=0, committed_metadata=m)
+        for p, o, m in partitions
+    ]
+    return OffsetCommitRequest(
+        group_id=group,
         generation_id_or_member_epoch=-1,
         member_id="",
         group_instance_id=None,
-        topics=[topic],
+        topics=[OffsetCommitRequest.OffsetCommitRequestTopic(name=topic, partitions=rows)],
         version=8,
     )
+
+
+def test_offset_commit_and_v8_groups_offset_fetch(state):
+    state.store.create_topic("tracked", 2, {})
+    commit = offset_commit("g8", "tracked", [(0, 5, "m"), (9, 1, None)])
     codes = [p.error_code for p in call(state, commit).topics[0].partitions]
     assert codes == [0, 3]
     wanted = OffsetFetchRequest.OffsetFetchRequestGroup(
@@ -228,21 +226,7 @@ def test_offset_commit_under_flush_always_is_answered_after_a_group_commit_round
     config = BrokerConfig(data_dir=tmp_path / "broker", flush="always")
     state = BrokerState(config, open_store(config))
     state.store.create_topic("tracked", 1, {})
-    partition = OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition
-    topic = OffsetCommitRequest.OffsetCommitRequestTopic(
-        name="tracked",
-        partitions=[
-            partition(partition_index=0, committed_offset=7, committed_leader_epoch=0, committed_metadata="")
-        ],
-    )
-    commit = OffsetCommitRequest(
-        group_id="g",
-        generation_id_or_member_epoch=-1,
-        member_id="",
-        group_instance_id=None,
-        topics=[topic],
-        version=8,
-    )
+    commit = offset_commit("g", "tracked", [(0, 7, "")])
     flushed: list[bool] = []
     real_flush = state.store.flush_offsets
     state.store.offsets_journal.flush = lambda: flushed.append(state.store._offsets_dirty) or real_flush()
