@@ -50,9 +50,14 @@ _HEAD = struct.Struct(">II")  # length of the rest, CRC-32C of the rest
 _WHERE = struct.Struct(">16siq")  # topic id, partition, base offset
 
 
+def frame_head(topic_id: uuid.UUID, partition: int, base_offset: int, records) -> bytes:
+    """Everything of a frame before its records (written with them, not copied into one buffer)."""
+    where = _WHERE.pack(topic_id.bytes, partition, base_offset)
+    return _HEAD.pack(len(where) + len(records), crc32c(records, crc32c(where))) + where
+
+
 def encode_frame(topic_id: uuid.UUID, partition: int, base_offset: int, records: bytes) -> bytes:
-    body = _WHERE.pack(topic_id.bytes, partition, base_offset) + bytes(records)
-    return _HEAD.pack(len(body), crc32c(body)) + body
+    return frame_head(topic_id, partition, base_offset, records) + bytes(records)
 
 
 def read_frames(path: Path) -> Iterator[tuple[uuid.UUID, int, int, memoryview]]:
@@ -89,14 +94,17 @@ class WriteAhead:
 
     # -- writing
     def append(self, partition_log, topic_id: uuid.UUID, partition: int, base_offset: int, records) -> None:
-        frame = encode_frame(topic_id, partition, base_offset, records)
+        head = frame_head(topic_id, partition, base_offset, records)
+        size = len(head) + len(records)
         if self._fd < 0:
             self._open_first()
         with self._lock:
-            view, done = memoryview(frame), 0
-            while done < len(frame):
-                done += os.write(self._fd, view[done:])
-            self._size += len(frame)
+            done = os.writev(self._fd, [head, records])
+            if done < size:  # rare: a short write; the rest from one buffer
+                rest = memoryview(head + bytes(records))
+                while done < size:
+                    done += os.write(self._fd, rest[done:])
+            self._size += size
             self._dirty = True
             self._touched[id(partition_log)] = partition_log
 
