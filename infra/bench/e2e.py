@@ -11,6 +11,10 @@ CPU: for each rate, the CPU seconds per 1,000 steps of every stack process and o
 generators (the agents, recording through the SDK), from the processes' own accounting
 (`infra.bench.cpu`), counted from the start of the load until everything reached ClickHouse. That
 figure is stable on a shared machine where the latencies are not.
+
+`--repeats N` runs each rate N times on the one started stack: each process's CPU figure is then its
+median over the runs (`stack per run` lists every run's sum), the latency percentiles are over the
+samples of all runs, and a rate counts as sustained only when every run drained.
 """
 
 from __future__ import annotations
@@ -43,6 +47,13 @@ def add_arguments(parser) -> None:
         default=10.0,
         help="first measure the started stack with no load for this many seconds (0: skip)",
     )
+    for action in parser._actions:  # the common --repeats: here, runs per rate
+        if action.dest == "repeats":
+            action.default = 1
+            action.help = (
+                "runs per rate on the one started stack; CPU figures are each process's median, latency "
+                "percentiles are over every run's samples [env AGENTSTREAM_REPEATS; default 1]"
+            )
 
 
 def run(args) -> dict:
@@ -59,7 +70,8 @@ def run(args) -> dict:
         if args.idle > 0:
             idle = _idle_cpu(supervisor, args.idle)
         for rate in [float(r) for r in str(args.rates).split(",") if r.strip()]:
-            level, cpu, latencies = _run_level(config, supervisor, rate, args)
+            runs = [_run_level(config, supervisor, rate, args) for _ in range(max(1, args.repeats))]
+            level, cpu, latencies = combine_runs(rate, runs)
             levels.append(level)
             cpu_rows.append(cpu)
             samples[f"{rate:.0f}"] = latencies
@@ -76,6 +88,7 @@ def run(args) -> dict:
         "cpu_s_per_1k_steps": cpu_rows,
         "idle_cpu_ms_per_s": idle,
         "stack": {"roles": list(roles), "workers": args.workers},
+        "repeats": max(1, args.repeats),
         "plot": args.plot,
         "data_dir": str(data_dir) if args.keep_data else None,
     }
@@ -111,10 +124,11 @@ def _idle_cpu(supervisor, seconds: float, settle_s: float = 15.0) -> dict:
 
 
 def _run_level(config, supervisor, rate: float, args) -> tuple[dict, dict, dict]:
+    """One run of `rate`: (what the load did, CPU row, latency samples by stage)."""
     from infra.bench import cpu
     from infra.bench.load import LoadSpec, drive
 
-    label = f"r{int(rate)}-{int(time.time())}"
+    label = f"r{int(rate)}-{int(time.time() * 1000)}"  # unique per run: repeats of a rate follow closely
     say(f"[e2e] offering {rate:.0f} steps/s for {args.duration:.0f}s ({label})")
     cpu_before = cpu.snapshot(_stack_pids(supervisor))
     load = drive(
@@ -131,24 +145,60 @@ def _run_level(config, supervisor, rate: float, args) -> tuple[dict, dict, dict]
     drained = _wait_drained(config, supervisor, label, load["episodes"], args.drain_timeout)
     drain_s = time.monotonic() - load_end
     stack_cpu = cpu.per_thousand(cpu_before, cpu.snapshot(_stack_pids(supervisor)), load["steps"])
-    latencies = _latencies(config, label)
-    achieved = load["steps"] / load["elapsed_s"]
+    run = {
+        "achieved": load["steps"] / load["elapsed_s"],
+        "steps": load["steps"],
+        "episodes": load["episodes"],
+        "drain_s": drain_s,
+        "drained": drained,
+    }
+    return run, _cpu_row(rate, stack_cpu, load), _latencies(config, label)
+
+
+def combine_runs(rate: float, runs: list[tuple[dict, dict, dict]]) -> tuple[dict, dict, dict]:
+    """One rate's table row, CPU row and pooled latency samples from its runs (pure): achieved rate
+    and CPU figures are medians, steps and episodes sums, the drain the longest, percentiles over
+    every run's samples; sustained when every run drained and the combined figures hold."""
+    from infra.bench.report import median
+
+    loads = [load for load, _, _ in runs]
+    achieved = median([load["achieved"] for load in loads])
     row = {
         "offered steps/s": rate,
         "achieved steps/s": round(achieved, 1),
-        "steps": load["steps"],
-        "episodes": load["episodes"],
-        "drain s": round(drain_s, 1),
-        "all in CH": drained,
+        "steps": sum(load["steps"] for load in loads),
+        "episodes": sum(load["episodes"] for load in loads),
+        "drain s": round(max(load["drain_s"] for load in loads), 1),
+        "all in CH": all(load["drained"] for load in loads),
+    }
+    latencies = {
+        stage: [value for _, _, samples in runs for value in samples.get(stage, [])]
+        for stage in ("rule", "trajectory", "batch")
     }
     for name, values in latencies.items():
         row.update(_percentiles(name, values))
-    row["sustained"] = drained and achieved >= 0.95 * rate and row.get("rule p99 ms", 1e9) < 2000
-    return row, _cpu_row(rate, stack_cpu, load), latencies
+    row["sustained"] = row["all in CH"] and achieved >= 0.95 * rate and row.get("rule p99 ms", 1e9) < 2000
+    if len(runs) > 1:
+        row["runs"] = len(runs)
+    return row, _median_cpu_row([cpu_row for _, cpu_row, _ in runs]), latencies
+
+
+def _median_cpu_row(rows: list[dict]) -> dict:
+    """Each figure's median over the runs (None when a run lacks it); `stack per run` beside it."""
+    from infra.bench.report import median
+
+    if len(rows) == 1:
+        return rows[0]
+    out: dict = {"offered steps/s": rows[0]["offered steps/s"]}
+    for name in [key for key in rows[0] if key != "offered steps/s"]:
+        values = [row.get(name) for row in rows]
+        out[name] = None if None in values else round(median(values), 4)
+    out["stack per run"] = [row.get("stack") for row in rows]
+    return out
 
 
 def _cpu_row(rate: float, stack: dict[str, float | None], load: dict) -> dict:
-    """One rate's CPU seconds per 1,000 steps: each stack process, their sum, and the agents' (SDK)."""
+    """One run's CPU seconds per 1,000 steps: each stack process, their sum, and the agents' (SDK)."""
     measured = [v for v in stack.values() if v is not None]
     row: dict = {"offered steps/s": rate}
     row.update(stack)

@@ -53,6 +53,7 @@ def section(e2e: dict, produce: dict | None = None, baseline: dict | None = None
         "CPU is seconds per 1,000 steps from each process's own accounting, from the start of the load "
         "until every step was in ClickHouse; latencies are from a step's publish to its rule reward "
         "(and its scored trajectory) visible in ClickHouse.",
+        *_runs(e2e),
         *_idle(e2e),
         "",
         *_targets(e2e, produce, baseline),
@@ -96,10 +97,36 @@ def _table(e2e: dict) -> list[str]:
     return out
 
 
+def _runs(e2e: dict) -> list[str]:
+    """What a CPU cell is when each rate ran several times (`bench e2e --repeats`), and every run's
+    stack figure.
+
+    >>> rows = [{"offered steps/s": 1000.0, "stack per run": [0.8, 0.9]}]
+    >>> _runs({"repeats": 2, "cpu_s_per_1k_steps": rows})[1][-88:]
+    'latencies are over all their samples. Stack CPU of each run: 1,000 steps/s 0.800, 0.900.'
+    >>> _runs({})
+    []
+    """
+    repeats = e2e.get("repeats", 1)
+    if repeats <= 1:
+        return []
+    runs = [
+        f"{_n(row['offered steps/s'], 0)} steps/s " + ", ".join(_n(v, 3) for v in row["stack per run"])
+        for row in e2e.get("cpu_s_per_1k_steps", [])
+        if row.get("stack per run")
+    ]
+    return [
+        "",
+        f"Each rate ran {repeats} times on the same stack: a CPU cell is the median of {repeats} runs, "
+        "the latencies are over all their samples."
+        + (f" Stack CPU of each run: {'; '.join(runs)}." if runs else ""),
+    ]
+
+
 def _idle(e2e: dict) -> list[str]:
     """The idle stack's CPU, when the run measured it (`bench e2e --idle`).
 
-    >>> _idle({"idle_cpu_ms_per_s": {"seconds": 10.0, "broker": 7.0, "sink": 16.3, "stack": 23.3}})[1][46:]
+    >>> _idle({"idle_cpu_ms_per_s": {"seconds": 10.0, "broker": 7.0, "sink": 16.3, "stack": 23.3}})[1][43:]
     'the stack used 23.3 ms of CPU per second: broker 7.0, sink 16.3.'
     >>> _idle({})
     []
