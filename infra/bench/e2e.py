@@ -145,14 +145,14 @@ def _run_level(config, supervisor, rate: float, args) -> tuple[dict, dict, dict]
     drained = _wait_drained(config, supervisor, label, load["episodes"], args.drain_timeout)
     drain_s = time.monotonic() - load_end
     stack_cpu = cpu.per_thousand(cpu_before, cpu.snapshot(_stack_pids(supervisor)), load["steps"])
-    run = {
+    measured = {
         "achieved": load["steps"] / load["elapsed_s"],
         "steps": load["steps"],
         "episodes": load["episodes"],
         "drain_s": drain_s,
         "drained": drained,
     }
-    return run, _cpu_row(rate, stack_cpu, load), _latencies(config, label)
+    return measured, _cpu_row(rate, stack_cpu, load), _latencies(config, label)
 
 
 def combine_runs(rate: float, runs: list[tuple[dict, dict, dict]]) -> tuple[dict, dict, dict]:

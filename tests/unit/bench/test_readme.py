@@ -1,5 +1,6 @@
 """The README's performance table is generated from `bench e2e` JSON (infra/bench/readme.py), and
-`bench e2e`'s CPU rows are per process per 1,000 steps (infra/bench/cpu.py)."""
+`bench e2e`'s CPU rows are per process per 1,000 steps (infra/bench/cpu.py), medians over its runs
+(`combine_runs`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import pytest
 
 from infra.bench import cpu
+from infra.bench import readme as generator
+from infra.bench.e2e import combine_runs
 from infra.bench.readme import END, START, ReadmeError, replace_section, section
 
 E2E = {
@@ -93,3 +96,35 @@ def test_process_cpu_reads_this_process():
     spent = cpu.process_cpu_s(os.getpid())
     assert spent is not None and spent > 0
     assert cpu.process_cpu_s(2**22 + 12345) is None  # no such process
+
+
+def _run(achieved, stack, drained=True, rule=(100.0, 200.0)):
+    load = {"achieved": achieved, "steps": 1000, "episodes": 250, "drain_s": 1.0, "drained": drained}
+    cpu_row = {"offered steps/s": 1000.0, "broker": stack / 4, "sink": stack / 2, "stack": stack}
+    return load, cpu_row, {"rule": list(rule), "trajectory": [300.0], "batch": []}
+
+
+def test_runs_of_a_rate_combine_into_medians_and_pooled_latencies():
+    row, cpu_row, samples = combine_runs(1000.0, [_run(990.0, 0.8), _run(1000.0, 0.6), _run(995.0, 1.0)])
+    assert cpu_row["stack"] == 0.8 and cpu_row["sink"] == 0.4 and cpu_row["stack per run"] == [0.8, 0.6, 1.0]
+    assert row["achieved steps/s"] == 995.0 and row["steps"] == 3000 and row["runs"] == 3
+    assert samples["rule"] == [100.0, 200.0] * 3 and row["rule p50 ms"] == 150.0
+    assert row["sustained"] is True
+    undrained = combine_runs(1000.0, [_run(990.0, 0.8), _run(1000.0, 0.6, drained=False)])[0]
+    assert undrained["all in CH"] is False and undrained["sustained"] is False
+    single_row, single_cpu, _ = combine_runs(1000.0, [_run(990.0, 0.8)])
+    assert "runs" not in single_row and "stack per run" not in single_cpu
+
+
+def test_the_generator_says_what_a_cell_is_when_rates_ran_several_times():
+    cpu_rows = [{**E2E["cpu_s_per_1k_steps"][1], "stack per run": [1.0, 1.05, 1.2]}]
+    text = section({**E2E, "repeats": 3, "cpu_s_per_1k_steps": cpu_rows})
+    assert "a CPU cell is the median of 3 runs" in text and "5,000 steps/s 1.000, 1.050, 1.200." in text
+    assert "median of" not in section(E2E)
+
+
+def test_the_generator_doctests_hold():
+    import doctest
+
+    result = doctest.testmod(generator)
+    assert result.attempted >= 5 and result.failed == 0
