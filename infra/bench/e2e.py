@@ -70,7 +70,8 @@ def run(args) -> dict:
         if args.idle > 0:
             idle = _idle_cpu(supervisor, args.idle)
         for rate in [float(r) for r in str(args.rates).split(",") if r.strip()]:
-            runs = [_run_level(config, supervisor, rate, args) for _ in range(max(1, args.repeats))]
+            repeats = max(1, args.repeats)
+            runs = [_run_level(config, supervisor, rate, args, (i + 1, repeats)) for i in range(repeats)]
             level, cpu, latencies = combine_runs(rate, runs)
             levels.append(level)
             cpu_rows.append(cpu)
@@ -123,13 +124,14 @@ def _idle_cpu(supervisor, seconds: float, settle_s: float = 15.0) -> dict:
     return row
 
 
-def _run_level(config, supervisor, rate: float, args) -> tuple[dict, dict, dict]:
-    """One run of `rate`: (what the load did, CPU row, latency samples by stage)."""
+def _run_level(config, supervisor, rate: float, args, run: tuple[int, int]) -> tuple[dict, dict, dict]:
+    """Run `run[0]` of `run[1]` at `rate`: (what the load did, CPU row, latency samples by stage)."""
     from infra.bench import cpu
     from infra.bench.load import LoadSpec, drive
 
     label = f"r{int(rate)}-{int(time.time() * 1000)}"  # unique per run: repeats of a rate follow closely
-    say(f"[e2e] offering {rate:.0f} steps/s for {args.duration:.0f}s ({label})")
+    of = f", run {run[0]} of {run[1]}" if run[1] > 1 else ""
+    say(f"[e2e] offering {rate:.0f} steps/s for {args.duration:.0f}s ({label}{of})")
     cpu_before = cpu.snapshot(_stack_pids(supervisor))
     load = drive(
         LoadSpec(

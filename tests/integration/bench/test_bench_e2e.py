@@ -33,7 +33,8 @@ def test_each_rate_reports_latencies_and_every_process_cpu_over_its_runs(tmp_pat
     assert len(cpu["stack per run"]) == 2 and all(run > 0 for run in cpu["stack per run"])
     assert min(cpu["stack per run"]) <= cpu["stack"] <= max(cpu["stack per run"])
     assert all(document["idle_cpu_ms_per_s"][name] is not None for name in PROCESSES)
-    assert "| 40 " in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| 40 " in printed and "run 1 of 2)" in printed and "run 2 of 2)" in printed
 
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n{START}\n{END}\n")
