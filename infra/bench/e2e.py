@@ -65,12 +65,12 @@ def run(args) -> dict:
     supervisor = StackSupervisor(config, on_event=lambda m: say(f"[e2e] {m}"))
     supervisor.start()
     levels, cpu_rows, samples, idle = [], [], {}, None
+    repeats = max(1, args.repeats)
     try:
         _wait_for_clickhouse(config)
         if args.idle > 0:
             idle = _idle_cpu(supervisor, args.idle)
         for rate in [float(r) for r in str(args.rates).split(",") if r.strip()]:
-            repeats = max(1, args.repeats)
             runs = [_run_level(config, supervisor, rate, args, (i + 1, repeats)) for i in range(repeats)]
             level, cpu, latencies = combine_runs(rate, runs)
             levels.append(level)
@@ -89,7 +89,7 @@ def run(args) -> dict:
         "cpu_s_per_1k_steps": cpu_rows,
         "idle_cpu_ms_per_s": idle,
         "stack": {"roles": list(roles), "workers": args.workers},
-        "repeats": max(1, args.repeats),
+        "repeats": repeats,
         "plot": args.plot,
         "data_dir": str(data_dir) if args.keep_data else None,
     }
