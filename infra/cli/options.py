@@ -49,6 +49,25 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for counts that must be at least 1.
+
+    >>> positive_int("3")
+    3
+    >>> positive_int("0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected a whole number of at least 1, got '0'
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
 def add_common_options(parser: argparse.ArgumentParser) -> None:
     """The settings every component honours (ARCHITECTURE.md, settings table)."""
     add_option(parser, "--bootstrap-servers", help="Kafka bootstrap address (host:port[,host:port])")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from infra.cli.options import add_option, command_parser, group_parser
+from infra.cli.options import add_option, command_parser, group_parser, positive_int
 
 # name -> one-line description; the module infra.bench.<name> implements it.
 BENCHMARKS = {
@@ -34,7 +34,7 @@ def register(sub) -> None:
     for name, description in BENCHMARKS.items():
         parser = command_parser(bench, name, run_benchmark, description)
         add_option(parser, "--output", help="JSON output path (default: bench-results/<name>.json)")
-        add_option(parser, "--repeats", type=int, default=5, help="repeats; figures are medians")
+        add_option(parser, "--repeats", type=positive_int, default=5, help="repeats; figures are medians")
         parser.set_defaults(_bench=name)
         import_module(f"infra.bench.{name}").add_arguments(parser)
     readme = command_parser(
