@@ -65,7 +65,7 @@ def run(args) -> dict:
     supervisor = StackSupervisor(config, on_event=lambda m: say(f"[e2e] {m}"))
     supervisor.start()
     levels, cpu_rows, samples, idle = [], [], {}, None
-    repeats = max(1, args.repeats)
+    repeats = args.repeats  # at least 1: the parser refuses less (infra.cli.options.positive_int)
     try:
         _wait_for_clickhouse(config)
         if args.idle > 0:
