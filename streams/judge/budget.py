@@ -6,7 +6,8 @@ Protocol: before a call the processor *reserves* an estimate (an upper bound of 
 `JudgeCalls.estimate`); after the call it *settles* the reservation with the real cost (0 when
 the call failed). Each is a record:
 
-- ``{"op": "reserve", "id", "amount", "at", "windows": [[key, end, cap], ...]}``
+- ``{"op": "reserve", "id", "amount", "at", "windows": [[key, end, cap], ...], "until"}`` (`until`:
+  when the call it pays for can no longer be in flight; absent in older records)
 - ``{"op": "settle", "id", "actual"}``
 
 `BudgetBook.apply` folds records in log order. A reservation is granted when, in every window it
@@ -26,7 +27,9 @@ errs on the side of spending less. Duplicate records (a producer retry) are igno
 A refusal is `waitable` when the reservations still open in the blocking windows are what keeps
 it out (it would fit if they settled at 0): the caller then waits for settlements and asks
 again instead of pausing for the rest of the window (estimates are upper bounds, so calls in
-flight usually settle well below them).
+flight usually settle well below them). Only reservations that may still be in flight count for
+that: one past its `until` (its worker was killed during the call) will never settle, so waiting
+for it would only stall every request of every replica; the refusal is then a pause.
 
 >>> from datetime import UTC, datetime
 >>> t = datetime(2026, 1, 1, 10, 59, tzinfo=UTC)
@@ -89,9 +92,15 @@ def windows_at(now: datetime, window_caps: dict[str, float]) -> list[Window]:
     return [Window(kind, *spans[kind], cap) for kind, cap in window_caps.items()]
 
 
-def reserve_record(rid: str, amount: float, now: datetime, window_caps: dict[str, float]) -> dict:
+def reserve_record(
+    rid: str, amount: float, now: datetime, window_caps: dict[str, float], hold_s: float | None = None
+) -> dict:
+    """A reservation made at `now`; `hold_s`: the longest its call can take (None: unbounded)."""
     windows = [[w.key, w.end.isoformat(), w.cap] for w in windows_at(now, window_caps)]
-    return {"op": "reserve", "id": rid, "amount": amount, "at": now.isoformat(), "windows": windows}
+    record = {"op": "reserve", "id": rid, "amount": amount, "at": now.isoformat(), "windows": windows}
+    if hold_s is not None:
+        record["until"] = (now + timedelta(seconds=hold_s)).isoformat()
+    return record
 
 
 def settle_record(rid: str, actual: float) -> dict:
@@ -125,6 +134,7 @@ class BudgetBook:
         self.waitable = False  # whether the last refusal was `waitable`
         self.ends: dict[str, datetime] = {}
         self.open: dict[str, tuple[list[str], float]] = {}  # granted, not yet settled
+        self.until: dict[str, datetime] = {}  # of open reservations: when their call can no longer run
         self.decided: dict[str, tuple[datetime | None, datetime]] = {}  # id -> (retry_at, last end)
 
     def apply(self, record: dict) -> datetime | None:
@@ -141,8 +151,10 @@ class BudgetBook:
             (key, end, cap) for key, end, cap in windows if self.spent.get(key, 0.0) + amount > cap + EPSILON
         ]
         retry_at = max(end for _k, end, _c in over) if over else None
+        at = datetime.fromisoformat(record["at"])
+        in_flight = self._in_flight(at) if over else {}
         self.waitable = bool(over) and all(
-            self.spent.get(key, 0.0) - self.held.get(key, 0.0) + amount <= cap + EPSILON
+            self.spent.get(key, 0.0) - in_flight.get(key, 0.0) + amount <= cap + EPSILON
             for key, _e, cap in over
         )
         if retry_at is None:
@@ -151,13 +163,27 @@ class BudgetBook:
                 self.held[key] = self.held.get(key, 0.0) + amount
                 self.ends[key] = end
             self.open[rid] = ([key for key, _e, _c in windows], amount)
-        last_end = max((end for _k, end, _c in windows), default=datetime.fromisoformat(record["at"]))
+            if record.get("until"):
+                self.until[rid] = datetime.fromisoformat(record["until"])
+        last_end = max((end for _k, end, _c in windows), default=at)
         self.decided[rid] = (retry_at, last_end)
-        self._forget(datetime.fromisoformat(record["at"]))
+        self._forget(at)
         return retry_at
+
+    def _in_flight(self, at: datetime) -> dict[str, float]:
+        """Per window key, the open reservations whose calls may still be running at `at`."""
+        if not self.until:
+            return self.held
+        running: dict[str, float] = {}
+        for rid, (keys, amount) in self.open.items():
+            if rid not in self.until or self.until[rid] > at:
+                for key in keys:
+                    running[key] = running.get(key, 0.0) + amount
+        return running
 
     def _settle(self, rid: str, actual: float) -> None:
         keys, amount = self.open.pop(rid, (None, 0.0))
+        self.until.pop(rid, None)
         for key in keys or ():
             if key in self.spent:
                 self.spent[key] = max(0.0, self.spent[key] - amount + actual)
@@ -172,6 +198,7 @@ class BudgetBook:
         for rid in [r for r, (_retry, end) in self.decided.items() if end < cutoff]:
             del self.decided[rid]
             self.open.pop(rid, None)
+            self.until.pop(rid, None)
 
     def spent_at(self, now: datetime) -> dict[str, float]:
         """Spend (settled plus open reservations) of the windows containing `now`, by kind."""
@@ -200,9 +227,10 @@ class SpendBudget:
     async def open(self) -> None:
         """Nothing to load (the shared budget reads its log here)."""
 
-    async def reserve(self, amount: float) -> Reservation:
+    async def reserve(self, amount: float, hold_s: float | None = None) -> Reservation:
+        """Reserve `amount` for a call that takes at most `hold_s` seconds (None: unbounded)."""
         rid = new_reservation_id()
-        retry_at = self.book.apply(reserve_record(rid, amount, self.clock(), self.caps))
+        retry_at = self.book.apply(reserve_record(rid, amount, self.clock(), self.caps, hold_s))
         return Reservation(rid, amount, retry_at, retry_at is not None and self.book.waitable)
 
     async def settle(self, reservation: Reservation, actual: float) -> None:

@@ -6,7 +6,8 @@
    two requests for the same content in one process make one call (the second waits for it);
 2. with a budget set, a reservation of `estimate(request)`; refused only because of calls still
    in flight (`waitable`), it waits for their settlements and asks again (one waiting request
-   per process at a time, for at most the longest a call can take); refused, the targets get
+   per process at a time, for at most the longest a call can take; a reservation left open by a
+   worker killed mid-call stops counting as in flight once that time has passed); refused, the targets get
    `reward.judge.failed` kind "budget_paused" with `retry_at`, and the outcome carries
    `paused_until` so the processor parks the request and runs it again then (streams/judge/retry.py);
 3. the call (streams/judge/client.py), then the settlement: the real cost of the reply; 0 for an
@@ -177,15 +178,21 @@ class JudgeCalls:
         record = CallRecord(result.text, asdict(meta), now.isoformat(), [e.event_id for e in events])
         return Outcome(events), record
 
+    @property
+    def longest_call_s(self) -> float:
+        """How long a call's reservation is waited for: its attempts at their timeout. A reservation
+        says so (`hold_s`), so other replicas stop waiting for it if its worker dies mid-call."""
+        return self.config.timeout_s * self.config.max_attempts
+
     async def _reserve(self, amount: float) -> Reservation:
-        reservation = await self.budget.reserve(amount)
+        reservation = await self.budget.reserve(amount, self.longest_call_s)
         if reservation.granted or not reservation.waitable:
             return reservation
         async with self._room:
-            deadline = time.monotonic() + self.config.timeout_s * self.config.max_attempts
+            deadline = time.monotonic() + self.longest_call_s
             while reservation.waitable and time.monotonic() < deadline:
                 await self.budget.wait_settled(0.5)
-                reservation = await self.budget.reserve(amount)
+                reservation = await self.budget.reserve(amount, self.longest_call_s)
         return reservation
 
     async def _settle(self, reservation: Reservation | None, actual: float | None) -> None:

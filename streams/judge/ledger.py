@@ -194,13 +194,15 @@ class JudgeLedger:
                 if not waiter.done():
                     waiter.set_exception(JudgeLedgerError(f"{self.budget_topic}: reader failed: {exc!r}"))
 
-    async def reserve(self, amount: float, window_caps: dict[str, float], now: datetime) -> Reservation:
+    async def reserve(
+        self, amount: float, window_caps: dict[str, float], now: datetime, hold_s: float | None = None
+    ) -> Reservation:
         """Publish a reservation and return the book's decision on it, once it is read back."""
         await self.open()
         rid = new_reservation_id()
         waiter = asyncio.get_running_loop().create_future()
         self._waiters[rid] = waiter
-        record = reserve_record(rid, amount, now, window_caps)
+        record = reserve_record(rid, amount, now, window_caps, hold_s)
         try:
             retry_at, waitable = await asyncio.wait_for(self._send_and_decide(record, waiter), self.timeout_s)
         except TimeoutError:
@@ -266,8 +268,8 @@ class SharedBudget:
     async def open(self) -> None:
         await self.ledger.open()
 
-    async def reserve(self, amount: float) -> Reservation:
-        return await self.ledger.reserve(amount, self.caps, self.clock())
+    async def reserve(self, amount: float, hold_s: float | None = None) -> Reservation:
+        return await self.ledger.reserve(amount, self.caps, self.clock(), hold_s)
 
     async def settle(self, reservation: Reservation, actual: float) -> None:
         await self.ledger.settle(reservation, actual)

@@ -80,6 +80,10 @@ def test_two_replicas_and_a_restart_stay_within_one_budget_and_paused_targets_ar
             "AGENTSTREAM_JUDGE_BUDGET_USD_PER_HOUR": str(CAP),
             "AGENTSTREAM_JUDGE_MAX_TOKENS": "200",
             "AGENTSTREAM_JUDGE_STEP_WAIT_S": "4",  # the retry timer ticks every second
+            # a call takes at most 2 x 5 s: a reservation left open by the replica killed during its
+            # call stops being waited for after that, and the others pause instead of stalling
+            "AGENTSTREAM_JUDGE_TIMEOUT_S": "5",
+            "AGENTSTREAM_JUDGE_MAX_ATTEMPTS": "2",
         }
 
         def start(name: str, clock_offset: float):

@@ -100,6 +100,54 @@ def test_ended_windows_and_their_reservations_are_forgotten():
     assert "old" not in book.open and "old" not in book.decided
 
 
+def test_a_reservation_past_its_until_still_counts_but_is_no_longer_waited_for():
+    """A worker killed during its call never settles its reservation: until its call could still be
+    running, a refusal it causes is `waitable`; after that the refusal is a pause. Its estimate
+    stays in the spend either way (the cap holds)."""
+    book = BudgetBook()
+    book.apply(reserve_record("dead", 0.006, AT - timedelta(seconds=30), caps(0.01, None), hold_s=20))
+    book.apply(reserve_record("running", 0.003, AT - timedelta(seconds=5), caps(0.01, None), hold_s=20))
+    assert book.apply(reserve_record("later", 0.006, AT, caps(0.01, None))) == HOUR_END
+    assert not book.waitable  # without "dead" it would not fit: 0.003 + 0.006 fits, waiting can't help
+    assert round(book.spent_at(AT)["hour"], 6) == 0.009
+    assert book.apply(reserve_record("small", 0.004, AT, caps(0.01, None))) == HOUR_END
+    assert book.waitable  # 0.006 + 0.004 fits once "running" settles: worth waiting for
+    book.apply(settle_record("running", 0.001))
+    assert book.apply(reserve_record("fits", 0.003, AT, caps(0.01, None))) is None  # 0.006 + 0.001 + 0.003
+
+
+def test_a_reservation_without_until_is_waited_for_as_before():
+    book = BudgetBook()
+    book.apply(reserve_record("old", 0.006, AT - timedelta(minutes=30), caps(0.01, None)))
+    assert book.apply(reserve_record("new", 0.006, AT, caps(0.01, None))) == HOUR_END
+    assert book.waitable
+
+
+def test_a_request_refused_by_a_dead_workers_reservation_is_paused_not_stalled():
+    """The worker that reserved died mid-call (its reservation is open for good): once its call can
+    no longer be running, the next request is paused at once instead of waiting up to the longest
+    call (5 attempts of 60 s by default) for a settlement that never comes."""
+    clock = [T0 + timedelta(minutes=10)]
+
+    async def go(server):
+        processor = _processor(server, {"state": {}, "groups": {}}, clock, cap=0.007)
+        budget = processor.calls.budget
+        dead = await budget.reserve(0.005, hold_s=processor.calls.longest_call_s)
+        assert dead.granted
+        clock[0] += timedelta(seconds=processor.calls.longest_call_s + 1)
+        try:
+            result = await asyncio.wait_for(processor.process_events(trajectory("t", task="task")), 10)
+        finally:
+            await processor.client.close()
+        return result.outputs
+
+    with MessagesServer() as server:
+        (paused,) = asyncio.run(go(server))
+        assert server.requests == []
+    assert paused.type == "reward.judge.failed" and paused.kind == "budget_paused"
+    assert paused.retry_at == T0 + timedelta(hours=1)
+
+
 def test_the_in_memory_budget_reserves_and_settles():
     clock = [AT]
     budget = SpendBudget(0.01, None, clock=lambda: clock[0])
