@@ -15,6 +15,7 @@
         │   ├── UnknownTopicError
         │   │   └── UnknownPartitionError
         │   ├── StorageIOError
+        │   ├── StoredBatchCorruptError
         │   └── RecordTooLargeError
         └── BrokerProtocolError           network layer (server, protocol, handlers)
             └── MalformedRequestError
@@ -82,6 +83,10 @@ class UnknownPartitionError(UnknownTopicError):
 
 class StorageIOError(BrokerStorageError):
     """A write or fsync of the log failed (disk full, I/O error) (Kafka: KAFKA_STORAGE_ERROR, 56)."""
+
+
+class StoredBatchCorruptError(BrokerStorageError):
+    """A stored batch whose bytes no longer match its CRC-32C: never served (Kafka: CORRUPT_MESSAGE, 2)."""
 
 
 # -- network layer (server, protocol, handlers) ---------------------------------------------------

@@ -5,8 +5,11 @@ Produce appends each partition's record batches to its `PartitionLog` (the log v
 idempotent sequences and assigns offsets) and wakes waiting fetches. Fetch long-polls until
 `min_bytes` are available or `max_wait_ms` passes, returning whole batches within `max_bytes` and
 `partition_max_bytes` (the first batch always, as Kafka does, so a large batch never blocks a
-consumer). Transactions are answered with TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53), which
-kafka-python and aiokafka raise as a fatal, clearly named error instead of retrying.
+consumer). A stored batch whose CRC-32C no longer verifies is never served: its partition is answered
+with CORRUPT_MESSAGE (2), which kafka-python raises from `poll()` and aiokafka logs at WARNING at each
+retry, one per max_wait_ms (KAFKA_STORAGE_ERROR, 56, would make kafka-python retry silently forever).
+Transactions are answered with TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53), which kafka-python and
+aiokafka raise as a fatal, clearly named error instead of retrying.
 """
 
 from __future__ import annotations
@@ -187,6 +190,11 @@ async def handle_fetch(state: BrokerState, req: Request):
     return FetchResponse(version=version, throttle_time_ms=0, error_code=0, session_id=0, responses=topics)
 
 
+# a damaged batch does not end the long poll: aiokafka retries it at once, 5,000 fetches in 3 s
+# otherwise; this way once per max_wait_ms (or when the partition receives data)
+_WAITABLE = (ErrorCode.NONE, ErrorCode.CORRUPT_MESSAGE)
+
+
 def _read_fetch(state: BrokerState, body, version: int) -> tuple[list, int, bool]:
     budget = body.max_bytes if version >= 3 else 2**31 - 1
     topics, total, failed = [], 0, False
@@ -194,7 +202,7 @@ def _read_fetch(state: BrokerState, body, version: int) -> tuple[list, int, bool
         partitions = []
         for request in topic.partitions:
             partition, size = _read_partition(state, topic.topic, request, budget - total, total == 0)
-            failed = failed or partition.error_code != 0
+            failed = failed or partition.error_code not in _WAITABLE
             total += size
             partitions.append(partition)
         topics.append(FetchResponse.FetchableTopicResponse(topic=topic.topic, partitions=partitions))
@@ -217,6 +225,8 @@ def _read_partition(state: BrokerState, topic: str, request, budget: int, first:
             data = partition_log.read(offset, max(min(request.partition_max_bytes, budget), 1))
         except errors.OffsetOutOfRangeError:
             return _fetch_partition(request.partition, ErrorCode.OFFSET_OUT_OF_RANGE, end, start), 0
+        except errors.StoredBatchCorruptError:  # logged by the log at ERROR; its bytes never leave
+            return _fetch_partition(request.partition, ErrorCode.CORRUPT_MESSAGE, end, start), 0
         if len(data) > budget and not first:
             data = b""  # only the response's first batch may exceed the budget
     return _fetch_partition(request.partition, ErrorCode.NONE, end, start, data), len(data)

@@ -19,9 +19,10 @@ Layout of `<data>/<topic>-<partition>/`:
 - `*.cleaned`, `*.swap`, `cleaner.checkpoint`: compaction's (`infra.broker.compaction`); its
   segments keep their offsets, with gaps, so reads skip to the next batch that exists.
 
-Recovery: sealed segments were fsynced when rolled, so only the last segment is checked. Without
-the clean-shutdown marker it is scanned batch by batch (length, magic, offset continuity, CRC-32C)
-and truncated at the first torn or corrupt batch.
+Recovery: every segment is verified batch by batch at open (length, magic, offset order, CRC-32C),
+after a crash and after a clean shutdown alike, and indexed from what it holds; a damaged stretch is
+kept aside under `corrupt/`, cut and reported at ERROR with its offsets (`infra.broker.damage`).
+Reads verify each batch's CRC-32C again before serving it (StoredBatchCorruptError, never its bytes).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 
 from clients.files import fsync_dir
 from infra.broker.compaction import finish_swaps, install_swap
+from infra.broker.damage import verify_segment
 from infra.broker.errors import (
     BrokerStorageError,
     InvalidProducerEpochError,
@@ -47,6 +49,7 @@ from infra.broker.errors import (
     OutOfOrderSequenceError,
     RecordTooLargeError,
     StorageIOError,
+    StoredBatchCorruptError,
 )
 from infra.broker.log_config import LogConfig
 from infra.broker.producer_state import (
@@ -119,6 +122,7 @@ class PartitionLog:
         self._producers: dict[int, ProducerEntry] = {}
         self._positions: dict[int, tuple[Segment, int]] = {}  # next-fetch-offset -> (segment, byte)
         self._open_sealed: OrderedDict[Segment, None] = OrderedDict()
+        self._corrupt_reported: set[tuple[int, int]] = set()  # (segment base, byte) refused to a fetch
         self._dirty = False
         self._last_flush_ms = _now_ms()
         self._closed = False
@@ -159,20 +163,14 @@ class PartitionLog:
                 self._load_sealed(seg, bases[i + 1])
                 seg.release()
             else:
-                self._load_active(seg, clean)
+                self._load(seg, clean)
         self._rebuild_producers()
         if clean:
             marker.unlink()
             fsync_dir(self.directory)
 
     def _load_sealed(self, seg: Segment, next_base: int) -> None:
-        if not seg.load_index():
-            log.info("rebuilding index of %s", seg.log_path)
-            seg.rebuild_index(self.config.index_interval_bytes, verify_crc=False)
-            seg.write_index(sync=True)
-        else:
-            seg.since_index = 0
-            seg.index_scan(seg.scan_from_last_index(verify_crc=False), self.config.index_interval_bytes)
+        self._load(seg, clean=True)  # a sealed segment was fsynced when rolled: all of it is acked
         if seg.next_offset < next_base:  # compaction removed the segment's last batches
             seg.next_offset = next_base
         elif seg.next_offset > next_base:
@@ -183,14 +181,16 @@ class PartitionLog:
                 next_base,
             )
 
-    def _load_active(self, seg: Segment, clean: bool) -> None:
-        every = self.config.index_interval_bytes
-        if clean and seg.load_index():
-            seg.since_index = 0  # continue the loaded index with the batches after its last entry
-            if seg.index_scan(seg.scan_from_last_index(verify_crc=False), every).problem is None:
-                return
-            log.warning("clean-shutdown marker present but %s is inconsistent: full recovery", seg.log_path)
-        seg.rebuild_index(every, verify_crc=True)
+    def _load(self, seg: Segment, clean: bool) -> None:
+        """Verify every batch (infra.broker.damage) and index the segment from what it holds: the
+        index file is never trusted, only checked, so a damaged one is reported and rewritten."""
+        had_index = seg.index_path.exists()
+        index_ok = seg.load_index()
+        damaged = verify_segment(seg, self.config.index_interval_bytes, clean)
+        if had_index and not index_ok:
+            log.warning("index file %s is damaged: rebuilt from the log", seg.index_path)
+        if not index_ok or damaged:
+            seg.write_index(sync=True)
 
     # -- producer state
     def _rebuild_producers(self) -> None:
@@ -334,12 +334,22 @@ class PartitionLog:
                 seg, pos = found
             else:
                 return b""  # compaction left nothing between `offset` and the high watermark
-            data, next_offset = seg.read_batches(pos, max_bytes)
+            try:
+                data, next_offset = seg.read_batches(pos, max_bytes)
+            except StoredBatchCorruptError as exc:
+                self._report_corrupt_read(seg, pos, offset, exc)
+                raise
             if len(self._positions) > 256:
                 self._positions.clear()
             if next_offset <= seg.next_offset:  # at the active end it becomes valid once data follows
                 self._positions[next_offset] = (seg, pos + len(data))
             return data
+
+    def _report_corrupt_read(self, seg: Segment, pos: int, offset: int, exc: Exception) -> None:
+        """ERROR once per damaged batch (a consumer retrying it must not flood the log), then DEBUG."""
+        level = logging.DEBUG if (seg.base, pos) in self._corrupt_reported else logging.ERROR
+        self._corrupt_reported.add((seg.base, pos))
+        log.log(level, "%s: fetch at offset %d refused, not served: %s", self.directory.name, offset, exc)
 
     def _find(self, offset: int) -> tuple[Segment, int] | None:
         """(segment, byte) of the first batch ending at or after `offset`, across compaction's gaps."""

@@ -20,7 +20,9 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from infra.broker.errors import StoredBatchCorruptError
 from infra.broker.records import (
+    CRC_FIELD,
     CRC_START,
     HEADER,
     HEADER_SIZE,
@@ -38,6 +40,7 @@ NO_TIMESTAMP = -1
 MAX_SEGMENT_BYTES = 2**31 - 1  # index positions are int32, as in Kafka
 OFFSET_AND_LEN = struct.Struct(">qi")
 DELTA_AT_23 = struct.Struct(">i")
+HEAD_PREFIX = struct.Struct(">qiibI")  # baseOffset, batchLength, leader epoch, magic, crc
 
 log = logging.getLogger(__name__)
 
@@ -220,12 +223,6 @@ class Segment:
         os.fsync(self.fd)
         self.size = valid_end
 
-    def scan_from_last_index(self, verify_crc: bool) -> BatchScan:
-        """A scan from the last indexed batch to the end of the file (index state updated by caller)."""
-        start = self.idx_pos[-1] if self.idx_pos else 0
-        expected = self.idx_offset[-1] if self.idx_offset else self.base
-        return BatchScan(self.fd, start, self.size, expected, verify_crc)
-
     def position_before(self, offset: int) -> tuple[int, int]:
         """(byte position, base offset) of the last indexed batch starting at or before `offset`."""
         i = bisect_right(self.idx_offset, offset) - 1
@@ -239,7 +236,11 @@ class Segment:
         pos, _ = self.position_before(offset)
         while pos < self.size:
             head = os.pread(self.fd, 27, pos)
+            if len(head) < 27:  # the file shrank since it was verified at load
+                raise self._corrupt(pos, -1, f"{len(head)} bytes left, shorter than a batch header")
             base, length = OFFSET_AND_LEN.unpack_from(head, 0)
+            if length < MIN_BATCH_LENGTH:  # damaged since it was verified at load
+                raise self._corrupt(pos, base, f"batch length {length}")
             if base + DELTA_AT_23.unpack_from(head, 23)[0] >= offset:
                 return pos
             pos += LOG_OVERHEAD + length
@@ -256,22 +257,41 @@ class Segment:
         return None
 
     def read_batches(self, pos: int, max_bytes: int) -> tuple[bytes, int]:
-        """Whole batches from `pos` up to `max_bytes` (at least one). Returns (data, next offset)."""
+        """Whole batches from `pos` up to `max_bytes` (at least one). Returns (data, next offset).
+
+        Every batch's CRC-32C is checked before it is returned (the bytes are in memory already,
+        so it costs a pass of crc32c, no copy): the batches before a corrupt one are returned, a
+        corrupt first batch raises StoredBatchCorruptError. A corrupt batch is never served."""
         want = min(max(max_bytes, LOG_OVERHEAD), self.size - pos)
         data = os.pread(self.fd, want, pos)
-        cut, next_offset = 0, None
-        while cut + LOG_OVERHEAD <= len(data):
-            base, length = OFFSET_AND_LEN.unpack_from(data, cut)
-            if cut + LOG_OVERHEAD + length > len(data):
+        view, size, prefix = memoryview(data), len(data), HEAD_PREFIX.unpack_from
+        cut = last = 0
+        while cut + CRC_START <= size:  # one unpack and one crc32c call per batch: the hot path
+            _, length, _, _, crc = prefix(data, cut)
+            end = cut + LOG_OVERHEAD + length
+            if end > size or length < MIN_BATCH_LENGTH or crc32c(view[cut + CRC_START : end]) != crc:
                 break
-            if cut + 27 <= len(data):
-                next_offset = base + DELTA_AT_23.unpack_from(data, cut + 23)[0] + 1
-            cut += LOG_OVERHEAD + length
-        if cut == 0:  # the first batch alone exceeds max_bytes: Kafka returns it anyway
-            base, length = OFFSET_AND_LEN.unpack_from(data, 0)
-            data = os.pread(self.fd, LOG_OVERHEAD + length, pos)
-            return data, base + DELTA_AT_23.unpack_from(data, 23)[0] + 1
-        return (data if cut == len(data) else data[:cut]), next_offset
+            last, cut = cut, end
+        if cut == 0:  # the first batch alone exceeds max_bytes (Kafka returns it anyway), or is corrupt
+            return self._first_batch(pos, data)
+        base = OFFSET_AND_LEN.unpack_from(data, last)[0]
+        next_offset = base + DELTA_AT_23.unpack_from(data, last + 23)[0] + 1
+        return (data if cut == size else data[:cut]), next_offset
+
+    def _first_batch(self, pos: int, head: bytes) -> tuple[bytes, int]:
+        base, length = OFFSET_AND_LEN.unpack_from(head, 0)
+        if length < MIN_BATCH_LENGTH or pos + LOG_OVERHEAD + length > self.size:
+            raise self._corrupt(pos, base, f"batch length {length} with {self.size - pos} bytes left")
+        data = head if LOG_OVERHEAD + length <= len(head) else os.pread(self.fd, LOG_OVERHEAD + length, pos)
+        data = data[: LOG_OVERHEAD + length]
+        if not _crc_ok(data, 0, len(data)):
+            raise self._corrupt(pos, base, "its CRC-32C does not match its bytes")
+        return data, base + DELTA_AT_23.unpack_from(data, 23)[0] + 1
+
+    def _corrupt(self, pos: int, base: int, why: str) -> StoredBatchCorruptError:
+        return StoredBatchCorruptError(
+            f"batch at byte {pos} of {self.log_path.name} (base offset {base} by its header): {why}"
+        )
 
     def timestamp_for_retention(self) -> int:
         if self.max_timestamp >= 0:
@@ -301,6 +321,10 @@ class Segment:
         self.close()
         for path in (self.log_path, self.index_path):
             path.unlink(missing_ok=True)
+
+
+def _crc_ok(data: bytes, start: int, end: int) -> bool:
+    return crc32c(memoryview(data)[start + CRC_START : end]) == CRC_FIELD.unpack_from(data, start + 17)[0]
 
 
 def write_file_atomic(path: Path, data: bytes, sync: bool) -> None:

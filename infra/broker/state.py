@@ -181,12 +181,14 @@ class BrokerState:
         path = self._groups_path()
         try:
             snapshot = json.loads(path.read_text())
+            count = self.groups.restore(snapshot)
         except FileNotFoundError:
             return
-        except ValueError:
-            log.warning("%s: unreadable group membership, groups will rebalance", path)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # only membership is lost (committed offsets live in group_offsets.jsonl): a rebalance
+            self.groups.groups.clear()
+            log.error("%s: unreadable group membership (%r), groups will rebalance", path, exc)
             return
-        count = self.groups.restore(snapshot)
         log.info("restored %d stable consumer groups from %s", count, path)
 
     def _save_groups(self) -> None:

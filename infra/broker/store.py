@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,7 @@ TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "group_offsets.jsonl"
 WAL_DIR = "wal"  # the write-ahead files (infra/broker/wal.py)
 PRODUCER_IDS_FILE = "producer_ids.json"
+CORRUPT_DIR = "corrupt"  # copies of damaged state files, kept for inspection
 LOCK_FILE = ".lock"
 PRODUCER_ID_BLOCK = 1000
 MAX_TOPIC_NAME = 249
@@ -270,16 +272,36 @@ class BrokerStore:
         path = self.data_dir / OFFSETS_FILE
         if path.exists():
             with open(path, "rb") as fh:
-                for n, line in enumerate(fh, 1):
-                    self._replay_offsets_line(path, n, line)
+                lines = fh.read().split(b"\n")
+            bad = [n for n, line in enumerate(lines, 1) if line and not self._replay_offsets_line(line)]
+            if bad:
+                self._report_bad_offsets(path, bad, last=len(lines) - (not lines[-1]))
         self._write_compacted_offsets()
         return open(path, "ab")
 
-    def _replay_offsets_line(self, path: Path, n: int, line: bytes) -> None:
+    def _replay_offsets_line(self, line: bytes) -> bool:
         try:
             self._apply_offsets_entry(json.loads(line))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("%s line %d: unreadable (torn write?), ignored (%s): %r", path, n, exc, line[:80])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return False
+        return True
+
+    def _report_bad_offsets(self, path: Path, bad: list[int], last: int) -> None:
+        """A torn last line is a commit a crash interrupted (never acknowledged): WARNING. Any other
+        unreadable line is damage: ERROR. Either way the file is kept aside before it is compacted."""
+        kept = self.data_dir / CORRUPT_DIR / f"{OFFSETS_FILE}.{int(time.time())}"
+        kept.parent.mkdir(exist_ok=True)
+        shutil.copyfile(path, kept)
+        torn = bad == [last]
+        log.log(
+            logging.WARNING if torn else logging.ERROR,
+            "%s: %s %s unreadable, ignored (the commits on them are lost; groups resume from the "
+            "commits before); the file is kept in %s",
+            path,
+            "line" if len(bad) == 1 else "lines",
+            ", ".join(map(str, bad[:20])),
+            kept,
+        )
 
     def _apply_offsets_entry(self, entry: dict) -> None:
         if "drop_topic" in entry:
@@ -361,7 +383,14 @@ class BrokerStore:
     # -- producer ids
     def _load_producer_ids(self) -> tuple[int, int]:
         path = self.data_dir / PRODUCER_IDS_FILE
-        start = json.loads(path.read_bytes())["next_block"] if path.exists() else 0
+        if not path.exists():
+            return 0, 0
+        try:
+            start = int(json.loads(path.read_bytes())["next_block"])
+        except (ValueError, KeyError, TypeError) as exc:
+            # an id must never be handed out twice: continue far above any block ever reserved
+            start = int(time.time() * 1000) * PRODUCER_ID_BLOCK
+            log.error("%s: unreadable (%r); producer ids continue from %d", path, exc, start)
         return start, start  # the first allocation persists a new block
 
     def next_producer_id(self) -> int:
