@@ -4,8 +4,10 @@
 - `chdb:///abs/path`: embedded chDB through clickhouse-connect's own chDB backend. chDB locks its data
   directory to one process, so the process that owns it (the sink, or `agentstream db serve`) also
   serves it over a loopback ClickHouse-HTTP endpoint (`clients.clickhouse.endpoint`). `connect` looks
-  for that endpoint first and, when it is alive, returns an ordinary HTTP client to it. Callers get
-  the same clickhouse-connect `Client` (`query`, `insert`, `command`) either way.
+  for that endpoint first and, when it is alive, returns an ordinary HTTP client to it, with the
+  credential of the role asked for (`reader` unless told: the engine refuses its writes, see
+  `endpoint`) read from the owner's key file. Callers get the same clickhouse-connect `Client`
+  (`query`, `insert`, `command`) either way.
 
 This module opens connections; it does not create tables (see `migrate`).
 """
@@ -21,7 +23,14 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from clients.clickhouse import ClickHouseError
-from clients.clickhouse.endpoint import Endpoint, endpoint_file
+from clients.clickhouse.endpoint import (
+    Endpoint,
+    EndpointKeys,
+    ReaderLimits,
+    endpoint_file,
+    key_file,
+    with_credential,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +52,20 @@ def chdb_path(url: str) -> str | None:
     return path
 
 
-def live_endpoint(path: str) -> str | None:
-    """The HTTP URL of the process serving chDB data `path`, if one is alive."""
+def live_endpoint(path: str, role: str = "reader") -> str | None:
+    """The DSN (URL with `role`'s credential: never log it) of the process serving chDB data `path`,
+    if one is alive and its key file is readable."""
     file = endpoint_file(path)
     try:
         info = json.loads(file.read_text())
-    except (FileNotFoundError, ValueError):
+        keys = json.loads(key_file(path).read_text())
+    except (FileNotFoundError, PermissionError, ValueError):
         return None
     if not _pid_alive(int(info.get("pid", 0))) or not _pings(info.get("url", "")):
         return None
-    return info["url"]
+    if not isinstance(keys.get(role), str):
+        raise ClickHouseError(f"role {role!r}: the endpoint of {path} has no such role (reader, writer)")
+    return with_credential(info["url"], role, keys[role])
 
 
 def _pid_alive(pid: int) -> bool:
@@ -75,18 +88,23 @@ def _pings(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def connect(url: str, *, wait_s: float = 0.0, data_dir: object = None, **kwargs):
+def connect(url: str, *, wait_s: float = 0.0, data_dir: object = None, role: str = "reader", **kwargs):
     """A clickhouse-connect client for `url` (see module docstring). `wait_s` retries while an
     embedded path is locked by a process that does not serve it yet (it is starting up).
+    `role` is what a served embedded path lets the client do: `reader` (the engine refuses writes,
+    with server-side time and memory limits) or `writer` (the sink, migrations). A client that
+    opens the path itself owns it and may do anything; a server URL carries its own user.
     `data_dir` is accepted for callers that hold one; the endpoint is found from the URL alone."""
     import clickhouse_connect
 
+    if role not in EndpointKeys.ROLES:
+        raise ClickHouseError(f"role {role!r}: expected one of {', '.join(EndpointKeys.ROLES)}")
     path = chdb_path(url)
     if path is None:
         return _server_client(url, **kwargs)
     deadline = time.monotonic() + wait_s
     while True:
-        served = live_endpoint(path)
+        served = live_endpoint(path, role)
         if served:
             return clickhouse_connect.get_client(dsn=served, **kwargs)
         if _locked_elsewhere(path) and time.monotonic() < deadline:
@@ -133,20 +151,23 @@ def _server_client(url: str, **kwargs):
         raise ClickHouseError(f"clickhouse_url {url!r}: cannot connect ({exc})") from exc
 
 
-def open_and_serve(url: str, *, wait_s: float = 30.0, port: int = 0, prepare=None):
-    """Connect as the owner: for an embedded path nobody serves yet, open it and serve it over HTTP.
+def open_and_serve(
+    url: str, *, wait_s: float = 30.0, port: int = 0, prepare=None, limits: ReaderLimits | None = None
+):
+    """Connect as the owner: for an embedded path nobody serves yet, open it and serve it over HTTP
+    (readers under `limits`); when another process serves it, connect to it as a writer.
 
     `prepare(client)` (e.g. `migrate`) runs before the endpoint is advertised, so no reader finds a
     served path whose tables do not exist yet. Returns `(client, endpoint_or_None)`; close the
     endpoint (if any) after the client.
     """
     path = chdb_path(url)
-    client = connect(url, wait_s=wait_s)
+    client = connect(url, wait_s=wait_s, role="writer")
     if prepare is not None:
         prepare(client)
     if path is None or not _is_chdb(client):
         return client, None
-    endpoint = Endpoint(path, port=port).start()
+    endpoint = Endpoint(path, port=port, limits=limits).start()
     return client, endpoint
 
 

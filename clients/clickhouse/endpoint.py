@@ -7,32 +7,49 @@ writes the address to an endpoint file beside the data directory. `clients.click
 finds that file and talks to the endpoint with clickhouse-connect's ordinary HTTP client, so every
 caller runs the same code whether the URL is `chdb:///path` or `http://host:8123`.
 
-What it speaks (the subset clickhouse-connect and curl use): `GET /ping`; `GET|POST /` with the
+Who may use it: every request but `GET /ping` carries a credential in a header (HTTP Basic, or
+`X-ClickHouse-User` / `X-ClickHouse-Key`), never in the URL. The owner generates two keys, `reader`
+and `writer`, in `<path>.endpoint.key` (mode 0600, beside the endpoint file, which holds no key).
+A writer runs anything on the owner's session. A reader runs on a second chDB session opened with
+`readonly=1` and server-side limits (`ReaderLimits`), so the engine itself refuses writes, DDL,
+table functions and settings changes and cancels a query past its time or memory limit; what that
+session does not refuse (`INTO OUTFILE`, `file()`, several statements) is refused on the engine's
+canonical text of the query (clients/clickhouse/statement.py). Each session has its own lock, so a
+reader's query never delays a writer's insert. A browser cannot use it: the Host header must name
+the loopback address, a request with `Origin` or `Sec-Fetch-*` headers (a web page's) is refused,
+form content types are refused, and a cross-origin page cannot send the credential header without
+a CORS preflight, which is refused (no `Access-Control-*` is ever sent).
+
+What it speaks (the subset clickhouse-connect and curl use): `GET /ping`; `POST /` with the
 statement in the `query` parameter and/or the body; `INSERT ... FORMAT <fmt>` followed by data in the
 body (optionally Content-Encoding lz4/zstd/gzip/deflate); `database`, `default_format` and
 `param_<name>` query-parameter bindings; ClickHouse-style errors (HTTP 500, `X-ClickHouse-Exception-Code`,
 `Code: N. DB::Exception: ...` body). Per-request server settings are accepted and ignored (the
-embedded engine's defaults apply). It must never bind a non-loopback address.
+session's settings apply; a reader cannot lift its limits). It must never bind a non-loopback address.
 """
 
 from __future__ import annotations
 
+import base64
 import gzip
+import hmac
 import json
 import logging
 import os
 import re
+import secrets
 import tempfile
 import threading
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qsl, urlparse
+from urllib.parse import parse_qsl, quote, urlparse
 
 log = logging.getLogger(__name__)
 
 ENDPOINT_SUFFIX = ".endpoint.json"
+KEY_SUFFIX = ".endpoint.key"
 _INSERT_DATA = re.compile(
     rb"^\s*(INSERT\s+INTO\s+.+?)\s+FORMAT\s+([A-Za-z0-9_]+)[ \t]*\r?\n?", re.IGNORECASE | re.DOTALL
 )
@@ -60,9 +77,24 @@ _TRANSPORT_PARAMS = {
 
 
 def endpoint_file(path: str | Path) -> Path:
-    """Where the owner of chDB data path `path` advertises its HTTP endpoint."""
+    """Where the owner of chDB data path `path` advertises its HTTP endpoint (no credential in it)."""
     path = Path(os.path.realpath(path))
     return path.with_name(path.name + ENDPOINT_SUFFIX)
+
+
+def key_file(path: str | Path) -> Path:
+    """Where the owner of chDB data path `path` keeps the endpoint's keys (mode 0600)."""
+    path = Path(os.path.realpath(path))
+    return path.with_name(path.name + KEY_SUFFIX)
+
+
+def with_credential(url: str, role: str, key: str) -> str:
+    """
+    >>> with_credential("http://127.0.0.1:8123", "reader", "k")
+    'http://reader:k@127.0.0.1:8123'
+    """
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{role}:{quote(key, safe='')}@{rest}"
 
 
 @dataclass(frozen=True)
@@ -111,43 +143,115 @@ def decompress(body: bytes, encoding: str | None) -> bytes:
     raise ValueError(f"Content-Encoding {encoding!r} is not supported (use lz4, zstd, gzip or deflate)")
 
 
-class EmbeddedEngine:
-    """One chDB connection on `path`, serialised by a lock (a chDB connection is not thread-safe)."""
+@dataclass(frozen=True)
+class ReaderLimits:
+    """What the engine enforces on a reader's session: it cancels the query past these and frees it."""
 
-    def __init__(self, path: str | Path):
+    max_execution_time_s: int = 30
+    max_memory_usage: int = 2 * 1024**3
+    max_result_bytes: int = 1024**3
+    # half the cores at most: a reader's scan must leave the writer's inserts a core
+    max_threads: int = field(default_factory=lambda: max(1, (os.cpu_count() or 2) // 2))
+
+    def connection_suffix(self) -> str:
+        """chDB connection-string settings of the reader's session (`readonly=1`: nothing can lift them).
+
+        >>> ReaderLimits(5, 100, 10, 1).connection_suffix()
+        '?readonly=1&max_execution_time=5&max_memory_usage=100&max_result_bytes=10&max_threads=1'
+        """
+        return (
+            f"?readonly=1&max_execution_time={self.max_execution_time_s}"
+            f"&max_memory_usage={self.max_memory_usage}&max_result_bytes={self.max_result_bytes}"
+            f"&max_threads={self.max_threads}"
+        )
+
+
+class ReaderRefused(Exception):
+    """A reader asked for something only a writer may do (ClickHouse's READONLY, code 164)."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"Code: 164. DB::Exception: {reason}. (READONLY)")
+
+
+class _Session:
+    """One chDB connection, serialised by its own lock (a chDB connection is not thread-safe)."""
+
+    def __init__(self, spec: str):
         import chdb
 
-        self.path = os.path.realpath(path)
-        self._conn = chdb.connect(self.path)
-        self._lock = threading.Lock()
-        self._database: str | None = None
+        self.conn = chdb.connect(spec)
+        self.lock = threading.Lock()
+        self.database: str | None = None
 
-    def execute(self, statement: Statement, database: str | None, params: dict[str, str]) -> bytes:
-        with self._lock:
-            self._use(database)
+    def use(self, database: str | None) -> None:
+        if database and database != self.database:
+            self.conn.query(f"USE `{database.replace('`', '')}`", "TabSeparated")
+            self.database = database
+
+
+class EmbeddedEngine:
+    """The writer's chDB session on `path` and a read-only one under `ReaderLimits`."""
+
+    def __init__(self, path: str | Path, limits: ReaderLimits | None = None):
+        self.path = os.path.realpath(path)
+        self.limits = limits or ReaderLimits()
+        self._writer = _Session(self.path)
+        self._reader = _Session(self.path + self.limits.connection_suffix())
+        self._canonical: dict[str, str] = {}  # reader query text -> the engine's canonical text
+
+    def execute(
+        self, statement: Statement, database: str | None, params: dict[str, str], role: str = "writer"
+    ) -> bytes:
+        if role != "writer":
+            return self._read(statement, database, params)
+        session = self._writer
+        with session.lock:
+            session.use(database)
             if statement.insert_data is not None:
                 return self._insert(statement)
-            result = self._conn.query(statement.sql, statement.fmt, params=params)
-            return result.bytes() or b""
+            return session.conn.query(statement.sql, statement.fmt, params=params).bytes() or b""
 
-    def _use(self, database: str | None) -> None:
-        if database and database != self._database:
-            self._conn.query(f"USE `{database.replace('`', '')}`", "TabSeparated")
-            self._database = database
+    def _read(self, statement: Statement, database: str | None, params: dict[str, str]) -> bytes:
+        if statement.insert_data is not None:
+            raise ReaderRefused("INSERT is refused for a reader")
+        session = self._reader
+        with session.lock:
+            session.use(database)
+            sql = self._checked(statement.sql)
+            return session.conn.query(sql, statement.fmt, params=params).bytes() or b""
+
+    def _checked(self, sql: str) -> str:
+        """The engine's canonical text of a reader's `sql`, refused unless a reader may run it."""
+        from clients.clickhouse.statement import format_query_sql, reader_refusal
+
+        canonical = self._canonical.get(sql)
+        if canonical is None:
+            canonical = self._reader.conn.query(format_query_sql(sql), "TabSeparatedRaw").bytes().decode()
+            canonical = canonical.rstrip("\n")
+            if len(self._canonical) >= 1024:
+                self._canonical.clear()
+            self._canonical[sql] = canonical
+        reason = reader_refusal(canonical)
+        if reason:
+            raise ReaderRefused(reason)
+        return canonical
 
     def _insert(self, statement: Statement) -> bytes:
         with tempfile.NamedTemporaryFile(suffix=".data", delete=False) as tmp:
             tmp.write(statement.insert_data or b"")
         try:
             quoted = tmp.name.replace("\\", "\\\\").replace("'", "\\'")
-            self._conn.query(f"{statement.sql} FROM INFILE '{quoted}' FORMAT {statement.fmt}", "TabSeparated")
+            self._writer.conn.query(
+                f"{statement.sql} FROM INFILE '{quoted}' FORMAT {statement.fmt}", "TabSeparated"
+            )
         finally:
             os.unlink(tmp.name)
         return b""
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        for session in (self._reader, self._writer):
+            with session.lock:
+                session.conn.close()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -162,31 +266,70 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http %s", format % args)
 
     def do_GET(self) -> None:
-        self._handle()
+        if self._refused_browser():
+            return
+        if urlparse(self.path).path in ("/ping", "/ping/"):
+            return self._reply(200, b"Ok.\n", {})
+        self._refuse(405, "only POST runs a query (GET answers /ping only)", {"Allow": "POST"})
 
     def do_POST(self) -> None:
+        if self._refused_browser():
+            return
         self._handle()
+
+    def do_OPTIONS(self) -> None:
+        # a CORS preflight: refused, with no Access-Control-* header, so no page may send the request
+        self._refuse(403, "cross-origin requests are refused")
+
+    def _refused_browser(self) -> bool:
+        """Refuse what a web page can send: a foreign Host (DNS rebinding), a browser's request."""
+        host = (self.headers.get("Host") or "").lower()
+        if host not in self.server.allowed_hosts:
+            self._refuse(
+                403, f"Host {host!r} is refused (allowed: {', '.join(sorted(self.server.allowed_hosts))})"
+            )
+            return True
+        if self.headers.get("Origin") is not None or any(
+            h.lower().startswith("sec-fetch-") for h in self.headers
+        ):
+            self._refuse(403, "requests from a web page (Origin / Sec-Fetch-* headers) are refused")
+            return True
+        return False
 
     def _handle(self) -> None:
         url = urlparse(self.path)
-        if url.path in ("/ping", "/ping/"):
-            return self._reply(200, b"Ok.\n", {})
         if url.path not in ("", "/"):
-            return self._reply(404, f"no handler for {url.path}\n".encode(), {})
+            return self._refuse(404, f"no handler for {url.path}")
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if content_type not in ("", "text/plain", "application/octet-stream"):
+            return self._refuse(
+                415, f"Content-Type {content_type!r} is refused (form bodies are not queries)"
+            )
         params = dict(parse_qsl(url.query, keep_blank_values=True))
+        if "password" in params or "user" in params:
+            return self._refuse(403, "credentials in the URL are refused: send them in a header")
+        role = self.server.keys.role_of(self.headers)
+        if role is None:
+            return self._refuse(
+                401, "a reader or writer credential is required", {"X-ClickHouse-Exception-Code": "516"}
+            )
         try:
             body = decompress(self._read_body(), self.headers.get("Content-Encoding"))
             statement = parse_request(
                 params.get("query", ""), body, params.get("default_format", "TabSeparated")
             )
             binds = {k[6:]: v for k, v in params.items() if k.startswith("param_")}
-            output = self.server.engine.execute(statement, params.get("database"), binds)
+            output = self.server.engine.execute(statement, params.get("database"), binds, role)
         except Exception as exc:
             return self._error(exc)
         headers = {"X-ClickHouse-Summary": json.dumps({"read_rows": "0", "written_rows": "0"})}
         if output or statement.insert_data is None:
             headers["X-ClickHouse-Format"] = statement.fmt
         self._reply(200, output, headers)
+
+    def _refuse(self, status: int, reason: str, headers: dict[str, str] | None = None) -> None:
+        self.close_connection = True  # the body, if any, was not read
+        self._reply(status, f"{reason}\n".encode(), headers or {})
 
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -223,26 +366,79 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
 
+class EndpointKeys:
+    """The reader and writer keys of one served path, kept in `<path>.endpoint.key` (mode 0600)."""
+
+    ROLES = ("reader", "writer")
+
+    def __init__(self, keys: dict[str, str]):
+        self.keys = keys
+
+    @classmethod
+    def load_or_create(cls, file: Path) -> EndpointKeys:
+        """The keys in `file`, created first when missing (kept across restarts, so a client that
+        outlives the server, like a sink writing through `db serve`, reconnects with them)."""
+        try:
+            keys = json.loads(file.read_text())
+            if all(isinstance(keys.get(role), str) and len(keys[role]) >= 32 for role in cls.ROLES):
+                os.chmod(file, 0o600)
+                return cls(keys)
+        except (FileNotFoundError, ValueError):
+            pass
+        keys = {role: secrets.token_urlsafe(32) for role in cls.ROLES}
+        tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(keys, out)
+        os.replace(tmp, file)
+        return cls(keys)
+
+    def role_of(self, headers) -> str | None:
+        """The role whose key the request carries (Basic auth or X-ClickHouse-User/-Key), or None."""
+        user, key = headers.get("X-ClickHouse-User"), headers.get("X-ClickHouse-Key")
+        auth = headers.get("Authorization") or ""
+        if auth[:6].lower() == "basic ":
+            try:
+                user, _, key = base64.b64decode(auth[6:].strip(), validate=True).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                return None
+        expected = self.keys.get(user or "")
+        if expected and key and hmac.compare_digest(expected.encode(), key.encode()):
+            return user
+        return None
+
+
 class _EndpointServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], engine: EmbeddedEngine):
+    def __init__(self, address: tuple[str, int], engine: EmbeddedEngine, keys: EndpointKeys):
         self.engine = engine
+        self.keys = keys
         super().__init__(address, _Handler)
+        port = self.server_address[1]
+        self.allowed_hosts = {f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}
 
 
 class Endpoint:
-    """The running endpoint: `.url` is what clickhouse-connect connects to; `close()` stops it."""
+    """The running endpoint: `.url` is its address (no credential), `.dsn(role)` what
+    clickhouse-connect connects with; `close()` stops it."""
 
-    def __init__(self, path: str | Path, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self, path: str | Path, host: str = "127.0.0.1", port: int = 0, limits: ReaderLimits | None = None
+    ):
         if host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"host {host!r}: the embedded endpoint only binds loopback addresses")
-        self.engine = EmbeddedEngine(path)
-        self._server = _EndpointServer((host, port), self.engine)
+        self.engine = EmbeddedEngine(path, limits)
+        self.keys = EndpointKeys.load_or_create(key_file(path))
+        self._server = _EndpointServer((host, port), self.engine, self.keys)
         self.host, self.port = self._server.server_address[:2]
         self.url = f"http://{self.host}:{self.port}"
         self._file = endpoint_file(path)
         self._thread = threading.Thread(target=self._server.serve_forever, name="chdb-http", daemon=True)
+
+    def dsn(self, role: str = "reader") -> str:
+        """The URL with `role`'s credential in it: pass it to clickhouse-connect, never log it."""
+        return with_credential(self.url, role, self.keys.keys[role])
 
     def start(self) -> Endpoint:
         self._thread.start()

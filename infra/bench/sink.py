@@ -38,7 +38,9 @@ def _sink(root: Path, bootstrap: str, name: str) -> Child:
     url = f"chdb://{root / name / 'clickhouse'}"
     args = [*AGENTSTREAM, "sink", "--bootstrap-servers", bootstrap, "--clickhouse-url", url]
     args += ["--group-id", f"bench-{name}", "--ready-file", str(ready), "--flush-interval-s", "0.2"]
-    return Child(args, root / f"{name}.log", ready)
+    child = Child(args, root / f"{name}.log", ready)
+    child.clickhouse_url = url  # type: ignore[attr-defined]  # read through the sink's endpoint (its key)
+    return child
 
 
 def _step(trajectory: str, index: int):
@@ -75,9 +77,9 @@ def _publish_all(bootstrap: str, prefix: str, steps: int) -> None:
 
 
 def _client(url: str):
-    import clickhouse_connect
+    from clients.clickhouse.client import connect
 
-    return clickhouse_connect.get_client(dsn=url)
+    return connect(url, wait_s=30.0)
 
 
 def _count(client, prefix: str) -> int:
@@ -92,7 +94,7 @@ def throughput_once(root: Path, bootstrap: str, steps: int, repeat: int) -> floa
     sink = _sink(root, bootstrap, f"throughput{repeat}")
     started = time.monotonic()  # from the sink's ready file: start-up (imports, chDB, migrations) excluded
     try:
-        client = _client(sink.address)
+        client = _client(sink.clickhouse_url)
         while _count(client, prefix) < steps:
             time.sleep(POLL_S)
         elapsed = time.monotonic() - started
@@ -190,7 +192,7 @@ def run(args) -> dict:
             sink = _sink(root, broker.address, "latency")
             try:
                 for rate in rates:
-                    latencies = latency_at(broker.address, sink.address, rate, args.duration_s)
+                    latencies = latency_at(broker.address, sink.clickhouse_url, rate, args.duration_s)
                     achieved = latency_at.achieved  # type: ignore[attr-defined]
                     raw[f"latency_s_at_{rate}"] = {"achieved_rate": achieved, "count": len(latencies)}
                     rows.append(

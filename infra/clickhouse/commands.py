@@ -16,8 +16,9 @@ from schemas.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def _client(args):
-    return connect(Settings.from_args(args).resolved_clickhouse_url, wait_s=5.0)
+def _client(args, role: str = "reader"):
+    """A reader unless told: through a served chDB path, only migrations write."""
+    return connect(Settings.from_args(args).resolved_clickhouse_url, wait_s=5.0, role=role)
 
 
 def render(rows: list[dict], fmt: str) -> str:
@@ -39,7 +40,7 @@ def render(rows: list[dict], fmt: str) -> str:
 def migrate_cmd(args) -> int:
     from clients.clickhouse.migrate import apply_events_ttl, migrate
 
-    client = _client(args)
+    client = _client(args, role="writer")
     try:
         applied = migrate(client)
         if args.events_ttl_days is not None:
@@ -53,12 +54,17 @@ def migrate_cmd(args) -> int:
 def serve_cmd(args) -> int:
     from clients.clickhouse import ClickHouseError
     from clients.clickhouse.client import open_and_serve
+    from clients.clickhouse.endpoint import ReaderLimits
     from clients.clickhouse.migrate import migrate
 
     url = Settings.from_args(args).resolved_clickhouse_url
     if chdb_path(url) is None:
         raise ClickHouseError(f"clickhouse_url {url!r}: only an embedded chdb:// path can be served")
-    client, endpoint = open_and_serve(url, port=args.port, prepare=migrate)
+    for name in ("reader_timeout_s", "reader_max_memory_mb"):
+        if getattr(args, name) < 1:
+            raise ClickHouseError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    limits = ReaderLimits(args.reader_timeout_s, args.reader_max_memory_mb * 1024**2)
+    client, endpoint = open_and_serve(url, port=args.port, prepare=migrate, limits=limits)
     if endpoint is None:
         say(f"already served by another process; use {url}")
         return 0

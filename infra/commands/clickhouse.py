@@ -31,6 +31,14 @@ def register(sub) -> None:
         db, "serve", serve_cmd, "serve an embedded chDB path over ClickHouse HTTP on 127.0.0.1"
     )
     add_option(serve, "--port", type=int, default=0, env="AGENTSTREAM_CLICKHOUSE_PORT", help="port (0: free)")
+    add_option(
+        serve, "--reader-timeout-s", type=int, default=30,
+        help="the engine cancels a reader's query after this many seconds (max_execution_time)",
+    )  # fmt: skip
+    add_option(
+        serve, "--reader-max-memory-mb", type=int, default=2048,
+        help="the engine cancels a reader's query that needs more memory (max_memory_usage)",
+    )  # fmt: skip
 
     sql = command_parser(sub, "sql", sql_cmd, "run a SQL query against ClickHouse")
     sql.add_argument("query", help='the SQL, e.g. "SELECT count() FROM agentstream.events"')

@@ -56,7 +56,9 @@ class ClickHouseReader:
             if endpoint is not None:
                 self._owned = (owner, endpoint)
                 log.info("console serves %s at %s", self.url, endpoint.url)
-                return clickhouse_connect.get_client(dsn=endpoint.url, autogenerate_session_id=False)
+                return clickhouse_connect.get_client(
+                    dsn=endpoint.dsn("reader"), autogenerate_session_id=False
+                )
             owner.close()
         return connect(self.url, wait_s=self.wait_s, autogenerate_session_id=False)
 
@@ -215,9 +217,14 @@ class ConsoleData:
 
 
 def _check_day(text: str) -> None:
+    """`since` of the leaderboard: a day ClickHouse's Date holds (it would saturate any other)."""
     from datetime import date
 
     try:
-        date.fromisoformat(text)
+        day = date.fromisoformat(text)
     except ValueError:
         raise FilterError("since", text, "must be a day, e.g. 2026-11-25") from None
+    if not browse.EARLIEST.date() <= day <= browse.LATEST.date():
+        raise FilterError(
+            "since", text, f"must be from {browse.EARLIEST:%Y-%m-%d} to {browse.LATEST:%Y-%m-%d}"
+        )

@@ -23,7 +23,8 @@ from schemas.events import TrajectoryScored
 
 @contextmanager
 def clickhouse(config: McpConfig, **kwargs: Any) -> Iterator[Any]:
-    """A clickhouse-connect client for the configured URL, closed afterwards."""
+    """A clickhouse-connect client for the configured URL, closed afterwards: a reader of a served
+    chDB path (the engine refuses its writes; clients/clickhouse/endpoint.py)."""
     from clients.clickhouse.client import connect
 
     client = connect(config.clickhouse_url, wait_s=5.0, **kwargs)
@@ -34,11 +35,12 @@ def clickhouse(config: McpConfig, **kwargs: Any) -> Iterator[Any]:
 
 
 def sql(config: McpConfig, query: str) -> dict[str, Any]:
-    """A read-only query under the row and time limits (infra/mcp/readonly.py)."""
+    """One SELECT over the project's tables, as the endpoint's reader, under the row, time and
+    memory limits (infra/mcp/readonly.py). Bare table names are the agentstream database's."""
     from infra.mcp.readonly import check_read_only, run_read_only
 
-    check_read_only(query)  # before connecting: a refused query never reaches the engine
-    with clickhouse(config) as client:
+    check_read_only(query)  # before connecting: an empty or oversized query never reaches the engine
+    with clickhouse(config, database=DATABASE) as client:
         return jsonable(run_read_only(client, query, config.sql_max_rows, config.sql_timeout_s))
 
 

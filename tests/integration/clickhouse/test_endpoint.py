@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from clients.clickhouse.client import chdb_path, live_endpoint
+from clients.clickhouse.client import chdb_path, connect, live_endpoint
 from clients.clickhouse.migrate import load_migrations
 from schemas.events import StepRecorded
 from tests.support.processes import AGENTSTREAM, Proc, free_port, wait_for
@@ -43,7 +43,7 @@ def test_migrate_is_idempotent_and_sql_formats(clickhouse_url, tmp_path):
     try:
         # the same command now goes through the serving process instead of opening the locked path
         assert "schema up to date" in _cli("db", "migrate", "--clickhouse-url", clickhouse_url)
-        client = reader(clickhouse_url)
+        client = connect(clickhouse_url, role="writer")  # a reader may not insert (test_endpoint_security)
         client.insert(
             "agentstream.annotations",
             [["a1", "t1", None, datetime(2026, 1, 2, tzinfo=UTC), "overall", 0.5, "ann", "ok", "test"]],

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.clickhouse.client import chdb_path
+from clients.clickhouse.client import chdb_path, connect
 from clients.clickhouse.migrate import load_migrations
 from consumers.sink.rows import COLUMNS, rows_for
 from infra.clickhouse.analytics import leaderboard_report
@@ -142,7 +142,7 @@ def migrated(tmp_path_factory):
     server = Proc([*AGENTSTREAM, "db", "serve", "--clickhouse-url", url, "--port", str(port)], root / "s.log")
     try:
         wait_for(lambda: server.alive() and reader(url), timeout_s=60, what="agentstream db serve")
-        client = reader(url)
+        client = connect(url, role="writer")  # the tests re-apply migrations and insert
         yield url, client, json.loads(before.read_text())
         client.close()
     finally:

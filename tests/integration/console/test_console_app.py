@@ -53,7 +53,7 @@ class Console:
     def client(self):
         from clients.clickhouse.client import connect
 
-        return connect(self.url_ch, wait_s=10)
+        return connect(self.url_ch, wait_s=10, role="writer")  # seeds rows: readers may not insert
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,7 @@ def console(tmp_path_factory):
         assert proc.alive(), proc.log_text()
         from clients.clickhouse.client import connect
 
-        client = connect(url, wait_s=10)
+        client = connect(url, wait_s=10, role="writer")  # seeds rows: readers may not insert
         _insert(client, _events())
         # a replay re-scored `a` under rules-2 after the live rows were written, and completed
         replay = TrajectoryScored.model_validate(

@@ -36,6 +36,7 @@ READ = {
 }
 EDIT = {"tool": "edit_file", "params": {"file_path": "src/util.py", "old_string": "a", "new_string": "b"}}
 TEST = {"tool": "bash", "params": {"command": "pytest"}, "observation": "3 passed"}
+DEAD_POLICY = f"http://127.0.0.1:{free_port()}/v1"  # configured, but nothing listens there
 
 
 def trajectories() -> list[dict]:
@@ -71,7 +72,7 @@ def seed(url: str) -> None:
     for offset, event in enumerate(events):
         for table, row in rows_for(event, encode(event), "tests", 0, offset):
             by_table.setdefault(table, []).append(row)
-    client = connect(url, wait_s=10)
+    client = connect(url, wait_s=10, role="writer")  # seeding writes; the tools read
     try:
         for table, rows in by_table.items():
             client.insert(f"agentstream.{table}", rows, column_names=list(COLUMNS[table]))
@@ -170,13 +171,15 @@ def test_every_tool_over_stdio(store, broker, tmp_path):
 
     async def drive(policy_url: str) -> None:
         with open(tmp_path / "mcp.stderr", "w") as errlog:
-            params = stdio_params(server_env(store, broker.bootstrap, tmp_path / "data"))
+            env = server_env(store, broker.bootstrap, tmp_path / "data")
+            env["AGENTSTREAM_MCP_POLICY_URLS"] = f"{policy_url},{DEAD_POLICY}"  # rollout calls only these
+            params = stdio_params(env)
             async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as s:
                 await s.initialize()
                 assert {t.name for t in (await s.list_tools()).tools} == TOOLS
                 await check_resources(s)
                 await check_sql(s)
-                await check_analytics(s, tmp_path / "export")
+                await check_analytics(s, tmp_path / "data" / "exports" / "sft-run")
                 await check_rewards(s, broker.bootstrap)
                 await check_environments(s, policy_url, broker.bootstrap)
 
@@ -236,7 +239,7 @@ async def check_analytics(s, out_dir: Path) -> None:
     ]
     from_json = await call(s, "build_preferences", {"trajectories": trajectories()})
     assert from_json["pairs"] == pairs["pairs"] and from_json["trajectories"] == 3
-    export = await call(s, "export_dataset", {"kind": "sft", "out_dir": str(out_dir)})
+    export = await call(s, "export_dataset", {"kind": "sft", "out_dir": out_dir.name})  # under exports/
     assert export["rows"] == 2 and export["problems"] == []  # the two successful runs; none failed
     written = [Path(f) if Path(f).is_absolute() else out_dir / f for f in export["files"]]
     assert written and all(f.exists() for f in written)
@@ -289,8 +292,7 @@ async def check_environments(s, policy_url: str, bootstrap: str) -> None:
     recorded = [decode(r.value) for r in read_to_end(bootstrap, [AGENT_EVENTS], timeout_s=30)]
     kinds = [(e.type, getattr(e, "tool", None)) for e in recorded if e.trajectory_id == tid]
     assert kinds == [("episode.started", None), ("step.recorded", "submit"), ("episode.ended", None)]
-    dead = f"http://127.0.0.1:{free_port()}/v1"
-    assert "no policy server answers" in await refused(s, "rollout", {"policy_url": dead})
+    assert "no policy server answers" in await refused(s, "rollout", {"policy_url": DEAD_POLICY})
 
 
 def test_streamable_http_on_loopback(store, tmp_path):

@@ -1,75 +1,75 @@
-"""The sql tool's read-only guard: what passes, what is refused and why (no engine needed)."""
+"""The sql tool's structural check on ClickHouse's own parse tree (no engine needed: the trees are
+`EXPLAIN AST` output as chDB prints it); the engine-backed corpus is tests/integration/mcp."""
 
 from __future__ import annotations
 
 import pytest
 
+from clients.clickhouse.statement import reader_refusal
 from infra.mcp.errors import McpToolError
-from infra.mcp.readonly import check_read_only, limited_text, server_settings, strip_quoted
+from infra.mcp.readonly import check_read_only, limited_text, parse_ast, select_refusal, server_settings
+
+SELECT_FROM = """SelectWithUnionQuery (children 1)
+ ExpressionList (children 1)
+  SelectQuery (children 2)
+   ExpressionList (children 1)
+    Asterisk
+   TablesInSelectQuery (children 1)
+    TablesInSelectQueryElement (children 1)
+     TableExpression (children 1)
+      {table}
+"""
 
 
 @pytest.mark.parametrize(
-    ("query", "first"),
-    [
-        ("SELECT 1", "SELECT"),
-        ("select count() from agentstream.steps;", "SELECT"),
-        ("  -- newest first\n  SELECT * FROM agentstream.trajectories ORDER BY occurred_at DESC", "SELECT"),
-        ("/* a report */ WITH x AS (SELECT 1) SELECT * FROM x", "WITH"),
-        ("SHOW TABLES FROM agentstream", "SHOW"),
-        ("DESCRIBE TABLE agentstream.steps", "DESCRIBE"),
-        ("desc agentstream.steps", "DESC"),
-        ("SELECT 'DROP TABLE x; INSERT' AS text", "SELECT"),  # keywords inside a string are text
-        ("SELECT `weird;name` FROM t", "SELECT"),
-        ("SELECT 'it''s' AS quoted", "SELECT"),
-        ("(SELECT 1) UNION ALL (SELECT 2)", "SELECT"),
-    ],
-)
-def test_read_only_statements_pass(query, first):
-    assert check_read_only(query) == first
+    "table",
+    ["TableIdentifier agentstream.steps", "TableIdentifier a (alias x)", "TableIdentifier system.tables",
+              "Function numbers (children 1)"],
+)  # fmt: skip
+def test_project_tables_ctes_and_generators_pass(table):
+    assert select_refusal(parse_ast(SELECT_FROM.format(table=table))) is None
 
 
 @pytest.mark.parametrize(
-    ("query", "reason"),
+    ("table", "reason"),
     [
-        ("INSERT INTO agentstream.annotations VALUES ('x')", "INSERT is refused"),
-        ("DROP TABLE agentstream.trajectories", "DROP is refused"),
-        ("drop database agentstream", "DROP is refused"),
-        ("'' SELECT 1", "is refused"),
-        ("ALTER TABLE agentstream.steps DELETE WHERE 1", "ALTER is refused"),
-        ("CREATE TABLE t (x Int8) ENGINE = Memory", "CREATE is refused"),
-        ("TRUNCATE TABLE agentstream.steps", "TRUNCATE is refused"),
-        ("OPTIMIZE TABLE agentstream.steps FINAL", "OPTIMIZE is refused"),
-        ("SYSTEM DROP DNS CACHE", "SYSTEM is refused"),
-        ("SET readonly = 0", "SET is refused"),
-        ("KILL QUERY WHERE 1", "KILL is refused"),
-        ("-- just a comment", "is refused"),
-        ("SELECT 1; DROP TABLE agentstream.steps", "one statement only"),
-        ("SELECT 1;;SELECT 2", "one statement only"),
-        ("SELECT * FROM agentstream.steps INTO OUTFILE '/tmp/x.csv'", "INTO OUTFILE is refused"),
-        ("SELECT * FROM file('/etc/passwd', 'LineAsString')", "table function file() is refused"),
-        ("SELECT * FROM url('http://example.com', 'CSV')", "table function url() is refused"),
-        ("SELECT * FROM remote('h:9000', system.one)", "table function remote() is refused"),
-        ("DESCRIBE TABLE executable('x.sh', 'TSV', 'a String')", "table function executable() is refused"),
-        ("SELECT 'open", "not closed"),
-        ("", "non-empty"),
-        ("   ", "non-empty"),
+        ("TableIdentifier system.users", "table system.users is refused"),
+        ("TableIdentifier system.query_log", "table system.query_log is refused"),
+        ("TableIdentifier other.secrets (alias s)", "table other.secrets is refused"),
+        ("Function file (children 1)", "file() is refused"),
+        ("Function url (alias u) (children 1)", "table function url() is refused"),
+        ("Function remote (children 1)", "table function remote() is refused"),
+        ("Function merge (children 1)", "table function merge() is refused"),
     ],
 )
-def test_everything_else_is_refused_with_the_reason(query, reason):
-    with pytest.raises(McpToolError, match=reason.replace("(", r"\(").replace(")", r"\)")):
+def test_other_tables_and_table_functions_are_refused(table, reason):
+    assert reason in select_refusal(parse_ast(SELECT_FROM.format(table=table)))
+
+
+def test_a_scalar_file_call_settings_and_other_statements_are_refused():
+    scalar = (
+        "SelectWithUnionQuery\n ExpressionList\n  SelectQuery\n   ExpressionList\n    Function file (alias f)"
+    )
+    assert "file() is refused" in select_refusal(parse_ast(scalar))
+    assert "SETTINGS" in select_refusal(parse_ast("SelectWithUnionQuery\n ExpressionList\n Set"))
+    assert select_refusal(parse_ast("ShowTables (children 1)")) == "only a SELECT is allowed"
+
+
+def test_the_canonical_text_is_checked_outside_its_strings():
+    assert reader_refusal("SELECT 'INTO OUTFILE' AS `file(`") is None
+    assert "INTO OUTFILE" in reader_refusal("SELECT 1\nINTO OUTFILE 'x'")
+    assert "KILL is refused" in reader_refusal("KILL QUERY WHERE 1 ASYNC")
+
+
+@pytest.mark.parametrize("query", ["", "   ", None, "x" * 100_001])
+def test_empty_or_oversized_queries_are_refused_before_connecting(query):
+    with pytest.raises(McpToolError, match="query:"):
         check_read_only(query)
 
 
-def test_comments_and_quotes_are_blanked_before_checking():
-    assert strip_quoted("SELECT 1 # DROP\n") == "SELECT 1 \n"
-    assert ";" not in strip_quoted("SELECT ';' /* ; */ -- ;")
-
-
-def test_select_and_with_are_limited_in_the_engine_others_after_fetching():
-    assert limited_text("WITH a AS (SELECT 1) SELECT * FROM a ;", "WITH", 5) == (
-        "SELECT * FROM (\nWITH a AS (SELECT 1) SELECT * FROM a\n) LIMIT 6"
-    )
-    assert limited_text("DESCRIBE t;", "DESCRIBE", 5) == "DESCRIBE t"
+def test_a_select_is_limited_in_the_engine_a_listing_after_fetching():
+    assert limited_text("SELECT 1", "SELECT", 5) == "SELECT * FROM (\nSELECT 1\n) LIMIT 6"
+    assert limited_text("DESCRIBE TABLE t", "LISTING", 5) == "DESCRIBE TABLE t"
 
 
 def test_server_settings_make_a_clickhouse_server_refuse_writes_and_stop_in_time():
@@ -79,4 +79,5 @@ def test_server_settings_make_a_clickhouse_server_refuse_writes_and_stop_in_time
         "max_result_rows": 101,
         "result_overflow_mode": "break",
     }
-    assert "readonly" not in server_settings(2.5, 100, already_read_only=True)
+    assert "readonly" not in server_settings(2.5, 100, readonly="2")
+    assert server_settings(2.5, 100, readonly="1") == {}  # the endpoint's reader: its own limits hold
