@@ -26,6 +26,10 @@ from infra.errors import FilterError
 DB = DATABASE
 MAX_PAGE_SIZE = 200
 MAX_TEXT = 200
+# time filters: within what ClickHouse's Date and DateTime64 both hold (out of it the engine refuses
+# the bound value, or saturates it); no event is recorded outside it
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC).replace(tzinfo=None)  # naive UTC, as `_time` returns
+LATEST = datetime(2149, 6, 6, tzinfo=UTC).replace(tzinfo=None)
 _TRUE = {"true", "1", "yes", "success", "succeeded"}
 _FALSE = {"false", "0", "no", "failure", "failed"}
 
@@ -132,7 +136,10 @@ def _time(name: str, value: str) -> datetime:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).replace(tzinfo=None)
+    moment = moment.astimezone(UTC).replace(tzinfo=None)
+    if not EARLIEST <= moment <= LATEST:
+        raise FilterError(name, value, f"must be from {EARLIEST:%Y-%m-%d} to {LATEST:%Y-%m-%d}")
+    return moment
 
 
 def _int(given: dict[str, str], name: str, default: int, low: int, high: int) -> int:

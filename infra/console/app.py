@@ -2,7 +2,15 @@
 
 Routes: `/` overview (refreshes itself from `/api/overview`), `/trajectories` (filters in the URL),
 `/trajectories/<trajectory_id>`, `/leaderboard`, `/training`, `/static/...` (the app's own assets:
-nothing is fetched from elsewhere), `/healthz`. Every response carries `Server-Timing: app;dur=<ms>`.
+nothing is fetched from elsewhere), `/healthz`. Every response carries `Server-Timing: app;dur=<ms>`
+and the security headers of `SECURITY_HEADERS` (a content security policy that allows only the app's
+own script, styles and requests, no framing, no sniffing, no referrer).
+
+Who may ask: a request whose Host header does not name this console (`ConsoleConfig.host_allowed`)
+gets 421 before anything else, with or without API keys (a page on another site that rebinds its
+name to 127.0.0.1 cannot read it). Slow clients: a request head must arrive within
+`header_timeout_s`; the console reads no request bodies (GET only), and an unread body is drained
+for at most `LINGER_S`. A client that goes away mid-answer is a debug line.
 
 Bad input never reaches a stack trace: an unknown trajectory is a 404 page, a malformed filter a 400
 page naming the field and the value, ClickHouse trouble a 503 page with its one-line reason. The
@@ -30,13 +38,27 @@ from infra.errors import FilterError
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 OBSERVATION_FOLD = 400  # characters shown before an observation is folded
+LINGER_S = 5.0  # after an answer, an unread request body is drained this long at most
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; object-src 'none'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
 
 
 def create_app(config: ConsoleConfig, data: ConsoleData | None = None):
     """The aiohttp application; `data` is injectable for tests and benchmarks."""
     from aiohttp import web
 
-    app = web.Application(middlewares=[_timing, _errors, _auth])
+    app = web.Application(middlewares=[_timing, _host, _errors, _auth], client_max_size=64 * 1024)
+    app.on_response_prepare.append(_security_headers)  # every response: pages, API, errors, assets
     app["config"] = config
     app["data"] = data or ConsoleData(config)
     app["templates"] = _templates()
@@ -134,6 +156,26 @@ async def _timing(request, handler):
     return response
 
 
+async def _security_headers(request, response) -> None:
+    response.headers.update(SECURITY_HEADERS)
+
+
+@_middleware
+async def _host(request, handler):
+    """421 for a Host header that does not name this console (checked before keys, always)."""
+    from aiohttp import web
+
+    header = request.headers.get("Host")
+    if request.app["config"].host_allowed(header):
+        return await handler(request)
+    log.info("console: refused Host %r from %s", header, request.remote)
+    return web.Response(
+        status=421,
+        text=f"Host={header!r}: this console answers only its own names (loopback, or "
+        "--allowed-hosts / AGENTSTREAM_CONSOLE_ALLOWED_HOSTS)",
+    )
+
+
 @_middleware
 async def _errors(request, handler):
     from aiohttp import web
@@ -145,6 +187,9 @@ async def _errors(request, handler):
     except web.HTTPNotFound:
         return _error_page(request, 404, "Not found", f"Nothing is served at {request.path}.")
     except web.HTTPException:
+        raise
+    except (ConnectionResetError, asyncio.CancelledError):
+        log.debug("console: the client went away during %s %s", request.method, request.path)
         raise
     except Exception as exc:
         return _unexpected(request, exc)
@@ -372,7 +417,14 @@ async def serve(
 
     data = ConsoleData(config)
     await asyncio.get_running_loop().run_in_executor(None, data.clickhouse.client)  # fail early, clearly
-    runner = web.AppRunner(create_app(config, data), access_log=None)
+    # aiohttp closes a connection that has not sent a whole request head `keepalive_timeout` after
+    # it opened (or after the previous answer): that is the header timeout
+    runner = web.AppRunner(
+        create_app(config, data),
+        access_log=None,
+        keepalive_timeout=config.header_timeout_s,
+        lingering_time=LINGER_S,
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

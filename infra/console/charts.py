@@ -64,7 +64,7 @@ def line_chart(
     for n, (name, points) in enumerate(series.items()):
         parts.append(_line(points, x, y, PALETTE[n % len(PALETTE)], name))
     legend = "".join(
-        f'<span class="key"><i style="background:{PALETTE[n % len(PALETTE)]}"></i>{escape(name)}</span>'
+        f'<span class="key"><i class="c{n % len(PALETTE)}"></i>{escape(name)}</span>'
         for n, name in enumerate(series)
     )
     return (

@@ -5,7 +5,6 @@ card and `export.json`, then validates what it wrote."""
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -81,17 +80,20 @@ def run_export(config: ExportConfig, client_or_url: Any, data_dir, progress: Pro
 
 
 def _write(config: ExportConfig, out_dir: Path, splits, facts: dict[str, Any]) -> dict[str, Any]:
-    """Split files, card and `export.json` into a staging directory, renamed into place at the end
-    (removed if anything fails on the way)."""
+    """Split files, card and `export.json` (which lists every file, so a later export replaces
+    only these) into a staging directory, renamed into place at the end (removed on failure)."""
     tmp = files.staging_dir(out_dir)
     try:
         written = files.write_splits(tmp, config.format, splits)
         facts = facts | _split_facts(config, splits, written)
+        split_paths = [f for names in written.values() for f in names]
+        facts["files"] = [*split_paths, files.CARD_FILE, files.EXPORT_FILE]
         (tmp / files.CARD_FILE).write_text(render_card(facts))
         (tmp / files.EXPORT_FILE).write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
         files.publish(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        files.discard(tmp)
+        raise
     return facts
 
 

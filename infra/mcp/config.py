@@ -9,6 +9,7 @@ from typing import Literal
 from infra.mcp.errors import McpToolError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+DEFAULT_POLICY_URL = "http://127.0.0.1:8000/v1"  # `agentstream policy` / `up --policy` defaults
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,14 @@ class McpConfig:
             "help": "the sql tool gives up on a query after this",
         },
     )
+    policy_urls: tuple[str, ...] = field(
+        default=(DEFAULT_POLICY_URL,),
+        metadata={
+            "env": "AGENTSTREAM_MCP_POLICY_URLS",
+            "help": "the policy endpoints the rollout tool may call (comma-separated OpenAI base URLs); "
+            "the stack's own policy server (<data dir>/run/policy.ready) is always allowed",
+        },
+    )
     read_timeout_s: float = field(
         default=30.0,
         metadata={
@@ -67,5 +76,30 @@ class McpConfig:
             raise McpToolError(f"port={self.port!r}: must be from 0 to 65535")
         if self.sql_max_rows < 1:
             raise McpToolError(f"sql_max_rows={self.sql_max_rows!r}: must be >= 1")
+        for url in self.policy_urls:
+            policy_endpoint(url, "policy_urls")
         if self.sql_timeout_s <= 0:
             raise McpToolError(f"sql_timeout_s={self.sql_timeout_s!r}: must be positive")
+
+
+def policy_endpoint(url: str, name: str = "policy_url") -> str:
+    """`url` in the one form allow-list entries are compared in (scheme and host lower-case, the
+    port explicit, no trailing slash); refuses what is not a plain http(s) base URL.
+
+    >>> policy_endpoint("HTTP://LocalHost:8000/v1/"), policy_endpoint("http://[::1]/v1")
+    ('http://localhost:8000/v1', 'http://[::1]:80/v1')
+    """
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    except ValueError:
+        raise McpToolError(f"{name}={url!r}: not a URL") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        raise McpToolError(f"{name}={url!r}: must be an http(s) URL such as {DEFAULT_POLICY_URL}")
+    if parts.query or parts.fragment:
+        raise McpToolError(f"{name}={url!r}: a base URL has no query or fragment")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{scheme}://{host.lower()}:{port}{parts.path.rstrip('/')}"

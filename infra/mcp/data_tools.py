@@ -164,17 +164,27 @@ def export_dataset(
     require_success: bool = True,
 ) -> dict[str, Any]:
     """`agentstream export` (infra/export/): a dataset split by task into train / validation / test,
-    validated after writing. A relative `out_dir` (default `<kind>`) lies under `<data dir>/exports/`."""
+    validated after writing. `out_dir` (default `<kind>`) is a relative path under
+    `<data dir>/exports/`: absolute paths, `..` and links that lead out are refused, and an
+    existing directory is replaced only when it holds nothing but an earlier export's own files."""
     from pathlib import Path
 
+    from infra.export import ExportError
     from infra.export import export_dataset as write_dataset
+    from infra.export.files import confined
 
-    target = Path(out_dir or kind)
-    if not target.is_absolute():
-        target = Path(config.data_dir).resolve() / "exports" / target
+    root = Path(config.data_dir).resolve() / "exports"
+    try:
+        target = confined(root, kind if out_dir is None else out_dir, "out_dir")
+    except ExportError as exc:
+        raise McpToolError(str(exc)) from None
+    root.mkdir(parents=True, exist_ok=True)
     options = {"data_dir": config.data_dir, "split": split, "seed": seed, "min_reward": min_reward}
     options["require_success"] = require_success
-    if source != "clickhouse":
-        return jsonable(write_dataset(None, kind, source, fmt, target, **options))
-    with clickhouse(config) as client:
-        return jsonable(write_dataset(client, kind, source, fmt, target, **options))
+    try:
+        if source != "clickhouse":
+            return jsonable(write_dataset(None, kind, source, fmt, target, **options))
+        with clickhouse(config) as client:
+            return jsonable(write_dataset(client, kind, source, fmt, target, **options))
+    except ExportError as exc:  # the export names its CLI option; here the argument is out_dir
+        raise McpToolError(str(exc).replace("--out:", "out_dir:", 1)) from None

@@ -3,8 +3,12 @@
 
 `sandbox_run` always uses the local backend: a fresh private workspace per call, removed after it,
 commands under rlimits and, where the kernel allows, without network (what is enforced comes back
-as `isolation`). `rollout` first checks that something answers at the policy URL, so a missing
-policy server is one clear error rather than a client's retry loop.
+as `isolation`). `rollout` calls only the policy endpoints configured for the stack: the
+`policy_urls` of `McpConfig` and the stack's own policy server (the address `agentstream up --policy`
+writes to `<data dir>/run/policy.ready`); any other URL (the chDB endpoint, a metadata service, a
+web site) is refused before a single request is sent. It then checks that something answers at the
+policy URL (not following redirects), so a missing policy server is one clear error rather than a
+client's retry loop.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from infra.mcp.config import McpConfig
+from infra.mcp.config import McpConfig, policy_endpoint
 from infra.mcp.errors import McpToolError
 from infra.mcp.values import jsonable
 
 MAX_SANDBOX_TIMEOUT_S = 120.0
 MAX_ROLLOUT_EPISODES = 32
+STACK_POLICY_READY = "run/policy.ready"  # written by `agentstream up --policy` (infra/stack.py)
 
 
 def list_environments(config: McpConfig, env: str | None = None) -> dict[str, Any]:
@@ -85,10 +90,56 @@ def sandbox_run(
         )
 
 
+def stack_policy_url(data_dir: Path) -> str | None:
+    """The OpenAI base URL of the stack's policy server, from the `host:port` its ready file holds
+    (None when the stack runs none)."""
+    try:
+        address = (Path(data_dir) / STACK_POLICY_READY).read_text().strip()
+    except OSError:
+        return None
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # bound everywhere: call loopback
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
+def allowed_policy_urls(config: McpConfig) -> list[str]:
+    """The policy endpoints `rollout` may call, normalised, the stack's own first."""
+    stack = stack_policy_url(config.data_dir)
+    urls = [stack] if stack else []
+    return list(dict.fromkeys(policy_endpoint(u, "policy_urls") for u in [*urls, *config.policy_urls]))
+
+
+def chosen_policy_url(config: McpConfig, policy_url: str | None) -> str:
+    """`policy_url` when it is one of the configured endpoints (default: the first of them);
+    anything else is refused here, before any request is sent to it."""
+    allowed = allowed_policy_urls(config)
+    if not policy_url:
+        if not allowed:
+            raise McpToolError("policy_url: none given and no policy endpoint is configured")
+        return allowed[0]
+    if policy_endpoint(policy_url) not in allowed:
+        raise McpToolError(
+            f"policy_url={policy_url!r}: not a policy endpoint configured for this stack "
+            f"(allowed: {', '.join(allowed) or 'none'}); add it with --policy-urls or "
+            "AGENTSTREAM_MCP_POLICY_URLS"
+        )
+    return policy_url
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer, never a second request (it could lead anywhere)."""
+
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
 def check_policy_answers(policy_url: str, timeout_s: float = 3.0) -> None:
     """Raise McpToolError unless an HTTP server answers at `policy_url` (any status counts)."""
+    opener = urllib.request.build_opener(_NoRedirects)
     try:
-        with urllib.request.urlopen(policy_url.rstrip("/") + "/models", timeout=timeout_s):
+        with opener.open(policy_url.rstrip("/") + "/models", timeout=timeout_s):
             return
     except urllib.error.HTTPError:
         return  # it answered, if not with a model list
@@ -103,7 +154,7 @@ def check_policy_answers(policy_url: str, timeout_s: float = 3.0) -> None:
 
 def rollout(
     config: McpConfig,
-    policy_url: str,
+    policy_url: str | None = None,
     env: str = "calc",
     task_ids: list[str] | None = None,
     group_size: int = 1,
@@ -112,9 +163,10 @@ def rollout(
     max_tasks: int = 1,
 ) -> dict[str, Any]:
     """Episodes of `env`'s first `max_tasks` built-in tasks (or of `task_ids` among them) against
-    the policy at `policy_url`, recorded to the broker; returns one result per episode."""
+    the configured policy at `policy_url`, recorded to the broker; returns one result per episode."""
     from producers.rollout.driver import RolloutConfig
 
+    policy_url = chosen_policy_url(config, policy_url)
     tasks = _tasks(env, task_ids)[: max(0, max_tasks)] if not task_ids else _tasks(env, task_ids)
     if not 1 <= len(tasks) * group_size <= MAX_ROLLOUT_EPISODES:
         raise McpToolError(

@@ -197,7 +197,7 @@ def _env_tools(config: McpConfig) -> list[tuple[Callable[..., Any], dict]]:
         return env_tools.sandbox_run(config, command, files, timeout_s)
 
     def rollout(
-        policy_url: str,
+        policy_url: str | None = None,
         env: str = "calc",
         task_ids: list[str] | None = None,
         group_size: int = 1,
@@ -207,7 +207,9 @@ def _env_tools(config: McpConfig) -> list[tuple[Callable[..., Any], dict]]:
     ) -> dict[str, Any]:
         """Run episodes of an environment's built-in tasks against a policy server (an
         OpenAI-compatible URL such as http://127.0.0.1:8000/v1 from `agentstream policy`), recorded
-        to the broker like `agentstream rollout`. Fails clearly when no policy server answers."""
+        to the broker like `agentstream rollout`. policy_url must be one of the policy endpoints
+        configured for the stack (default: the stack's own); any other URL is refused. Fails
+        clearly when no policy server answers."""
         return env_tools.rollout(config, policy_url, env, task_ids, group_size, max_turns, model, max_tasks)
 
     return [
