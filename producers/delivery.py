@@ -41,6 +41,9 @@ from producers.spool import Cursor, DeliveryIntent, Spool, SpoolRecord
 log = logging.getLogger(__name__)
 
 
+OUTAGE_REMINDER_S = 60.0
+
+
 @dataclass(frozen=True)
 class DeliveryConfig:
     """How the spool talks to Kafka. Producer settings: the project's limits (`clients.kafka`:
@@ -77,12 +80,28 @@ class SpoolDelivery:
         self._consumer = None
         self._bounds: dict[str, dict[int, int]] = {}
         self._topics_ready: set[str] = set()
+        # an outage is logged once when it starts, as a reminder every OUTAGE_REMINDER_S, and once
+        # when it ends: a retry every few seconds must not write a line each time
+        self._outage_since: float | None = None
+        self._last_reminder = 0.0
+        self._failed_attempts = 0
 
     # --- one step ---------------------------------------------------------------------------------
 
     def deliver_once(self) -> int:
         """Deliver the next chunk (or finish an in-doubt one). Returns how many records the broker
         acknowledged; 0 when the spool is drained. Raises on failure (nothing is lost: retry later)."""
+        delivered = self._deliver_once()
+        if self._outage_since is not None:
+            log.warning(
+                "spool %s: delivery to %s works again after %.0fs and %d failed attempts",
+                self.spool.directory, self.config.bootstrap_servers,
+                time.monotonic() - self._outage_since, self._failed_attempts,
+            )  # fmt: skip
+            self._outage_since = None
+        return delivered
+
+    def _deliver_once(self) -> int:
         intent = self.spool.cursor.intent
         if intent is not None:
             return self._recover(intent)
@@ -264,10 +283,7 @@ class SpoolDelivery:
         return True
 
     def backoff_after_failure(self, exc: BaseException, backoff: float, left_s: float, stop) -> float:
-        log.warning(
-            "spool %s: delivery to %s failed, %d events kept in the spool, retrying in %.1fs: %s",
-            self.spool.directory, self.config.bootstrap_servers, self.spool.pending, backoff, exc,
-        )  # fmt: skip
+        self._log_failure(exc, backoff)
         self.reset()
         pause = max(0.0, min(backoff, left_s))
         if stop is not None:
@@ -275,6 +291,25 @@ class SpoolDelivery:
         else:
             time.sleep(pause)
         return min(backoff * 2, self.config.max_backoff_s)
+
+    def _log_failure(self, exc: BaseException, backoff: float) -> None:
+        now = time.monotonic()
+        self._failed_attempts = self._failed_attempts + 1 if self._outage_since is not None else 1
+        where = f"spool {self.spool.directory}: delivery to {self.config.bootstrap_servers}"
+        if self._outage_since is None:
+            self._outage_since = self._last_reminder = now
+            log.warning(
+                "%s failed, %d events kept in the spool, retrying with backoff (next reminder in %.0fs "
+                "unless it recovers): %s", where, self.spool.pending, OUTAGE_REMINDER_S, exc,
+            )  # fmt: skip
+        elif now - self._last_reminder >= OUTAGE_REMINDER_S:
+            self._last_reminder = now
+            log.warning(
+                "%s still failing after %.0fs and %d attempts, %d events kept in the spool: %s",
+                where, now - self._outage_since, self._failed_attempts, self.spool.pending, exc,
+            )  # fmt: skip
+        else:
+            log.debug("%s failed again, retrying in %.1fs: %s", where, backoff, exc)
 
 
 def _event_id(value: bytes | None) -> str | None:

@@ -7,7 +7,9 @@ Endpoints:
   Answers `202 {"accepted": n, "event_ids": [...]}` only after the broker acknowledged every event
   (acks=all).
 - `GET /openapi.json`: an OpenAPI 3.1 document embedding the event JSON Schemas.
-- `GET /healthz`: 200 when the broker answers, 503 otherwise.
+- `GET /healthz`: 200 when the broker answers and publishing works, 503 otherwise (also while the
+  last publish failed as a whole: a producer that failed for a reason other than time is replaced,
+  so the next request tries a fresh one).
 
 Policy for bad input: ALL-OR-NOTHING. If any event of a request is invalid, no event of that request
 is written to its topic: the answer is `400 {"accepted": 0, "errors": [{"index", "field", "value",
@@ -53,6 +55,8 @@ from producers.gateway_requests import (
     STAGE,
     GatewayConfig,
     check_events,
+    content_encoding,
+    decoded_body,
     field_error,
     hash_key,
     key_allowed,
@@ -101,7 +105,9 @@ def create_app(config: GatewayConfig, publisher=None, redactor: Redactor | None 
 
         redactor = load_redactor(config.settings_file, Settings().data_dir)
     publisher = publisher or make_publisher(config)
-    app = web.Application(client_max_size=config.max_body_bytes)
+    # gzip is undone by the handlers (`decoded_body`): aiohttp's own decompression answers an encoding
+    # it does not know with a plain-text 400 from its parser, before any handler could say 415
+    app = web.Application(client_max_size=config.max_body_bytes, handler_args={"auto_decompress": False})
     app["config"], app["publisher"], app["redactor"] = config, publisher, redactor
     app.router.add_post("/v1/events", _post_events)
     app.router.add_get("/healthz", _healthz)
@@ -138,7 +144,7 @@ async def _post_events(request):
             raise
         events, errors = check_events(items, config.max_event_bytes)
         if errors:
-            dead = await _dead_letter_items(request, items, errors, request_id)
+            dead = await _dead_letter_items(request, items, errors, request_id, body)
             raise RequestRejected(
                 400, "invalid events", errors, rejected=len({e["index"] for e in errors}),
                 valid_not_written=len(events), policy=POLICY, dead_lettered=dead, request_id=request_id,
@@ -161,13 +167,15 @@ async def _checked_body(request, config: GatewayConfig) -> bytes:
         raise RequestRejected(
             415, "unsupported media type", [field_error(None, "Content-Type", request.content_type, message)]
         )
+    encoding = content_encoding(request.headers)
     length = request.content_length
     if length is not None and length > config.max_body_bytes:
         raise too_large(length, config.max_body_bytes)
     try:
-        return await request.read()
+        body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large(None, config.max_body_bytes) from None
+    return decoded_body(body, encoding, config.max_body_bytes)
 
 
 async def _publish(request, events: list, request_id: str):
@@ -205,18 +213,24 @@ async def _publish(request, events: list, request_id: str):
     )
 
 
-async def _dead_letter_items(request, items: list, errors: list[dict], request_id: str) -> bool:
+async def _dead_letter_items(request, items: list, errors: list[dict], request_id: str, body: bytes) -> bool:
     by_index: dict[int, list[str]] = {}
     for err in errors:
         by_index.setdefault(err["index"], []).append(f"{err['field']}: {err['message']}")
     payloads = [
-        (
-            f"gateway request {request_id} event #{i}: " + "; ".join(reasons),
-            orjson.dumps(items[i], default=str),
-        )
+        (f"gateway request {request_id} event #{i}: " + "; ".join(reasons), _item_bytes(items[i], body))
         for i, reasons in sorted(by_index.items())
     ]
     return await _send_dead_letters(request, payloads)
+
+
+def _item_bytes(item, body: bytes) -> bytes:
+    """The refused event as JSON; orjson cannot write one nested past 254 levels, and then the whole
+    request body stands for it (the dead letter keeps a bounded prefix of either)."""
+    try:
+        return orjson.dumps(item, default=str)
+    except TypeError:
+        return body
 
 
 async def _dead_letter_body(request, body: bytes, reason: str, request_id: str) -> bool:
@@ -245,12 +259,12 @@ async def _send_dead_letters(request, payloads: list[tuple[str, bytes]]) -> bool
 
 
 async def _healthz(request):
+    """200 when the broker answers and the last publish did not fail as a whole; 503 otherwise."""
     config: GatewayConfig = request.app["config"]
     reachable = await broker_reachable(config.bootstrap_servers)
-    status = 200 if reachable else 503
-    return _json(
-        status, {"status": "ok" if reachable else "broker unreachable", "broker": config.bootstrap_servers}
-    )
+    publishing = getattr(request.app["publisher"], "healthy", True)
+    status = "broker unreachable" if not reachable else "ok" if publishing else "publishing failing"
+    return _json(200 if status == "ok" else 503, {"status": status, "broker": config.bootstrap_servers})
 
 
 async def _openapi(request):
@@ -264,4 +278,12 @@ async def _openapi(request):
 
 async def serve(config: GatewayConfig, host: str, port: int, ready_file: str | None = None) -> None:
     """Run the gateway until SIGTERM/SIGINT; writes "host:port" to `ready_file` once listening."""
-    await serve_app(create_app(config), host, port, ready_file, "gateway")
+    await serve_app(
+        create_app(config),
+        host,
+        port,
+        ready_file,
+        "gateway",
+        header_timeout_s=config.header_timeout_s,
+        body_timeout_s=config.body_timeout_s,
+    )

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import reprlib
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -14,14 +16,15 @@ from typing import Any, Literal
 import orjson
 
 from producers.errors import ProducerError, RequestRejected
+from producers.http import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
 from schemas.codec import encode, validate
 from schemas.errors import DecodeError
 from schemas.events import EVENT_MODELS
+from schemas.limits import MAX_EVENT_BYTES
 
 STAGE = "gateway"
 ACCEPTED_TYPES = ("episode.started", "step.recorded", "episode.ended", "feedback.annotation")
 POLICY = "all-or-nothing: a request with any invalid event writes none of its events"
-MAX_EVENT_BYTES = 1_000_000  # Apache Kafka's default message.max.bytes
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,13 @@ class GatewayConfig:
     )
     dead_letters: bool = True
     linger_ms: int = 2
+    header_timeout_s: float = field(
+        default=HEADER_TIMEOUT_S,
+        metadata={"help": "close a connection that has not sent a request's headers in this time"},
+    )
+    body_timeout_s: float = field(
+        default=BODY_TIMEOUT_S, metadata={"help": "answer 408 to a request whose body takes longer"}
+    )
     settings_file: str | None = field(
         default=None,
         metadata={
@@ -179,6 +189,48 @@ def check_events(items: list[Any], max_event_bytes: int = MAX_EVENT_BYTES) -> tu
     return events, errors
 
 
+CONTENT_ENCODINGS = ("gzip", "identity", "")
+
+
+def content_encoding(headers) -> str:
+    """The request's Content-Encoding, checked: 415 naming it unless identity or gzip."""
+    encoding = headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in CONTENT_ENCODINGS:
+        message = f"content encoding must be gzip or none (identity), got {encoding!r}"
+        raise RequestRejected(
+            415, "unsupported content encoding", [field_error(None, "Content-Encoding", encoding, message)]
+        )
+    return encoding
+
+
+def decoded_body(body: bytes, encoding: str, limit: int) -> bytes:
+    """The body with gzip undone, never more than `limit` bytes of output (a gzip bomb stops there:
+    413), a broken or truncated stream a 400 that says so.
+
+    >>> import gzip
+    >>> decoded_body(gzip.compress(b"[1]"), "gzip", 10)
+    b'[1]'
+    """
+    if encoding != "gzip":
+        return body
+    inflater = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise _broken_gzip(f"broken gzip stream ({exc})") from None
+    if len(out) > limit:
+        raise too_large(None, limit)
+    if not inflater.eof:
+        raise _broken_gzip("truncated gzip stream (it ends before its end marker)")
+    return out
+
+
+def _broken_gzip(what: str) -> RequestRejected:
+    message = f"cannot read the body: {what}; send it gzip-compressed whole, or uncompressed"
+    errors = [field_error(None, "Content-Encoding", "gzip", message)]
+    return RequestRejected(400, "malformed gzip body", errors, message=message)
+
+
 def too_large(size: int | None, limit: int) -> RequestRejected:
     """The 413 answer for a body over `limit` bytes (`size` None: the length was not announced)."""
     got = f"{size} bytes" if size is not None else "more bytes"
@@ -197,8 +249,8 @@ def _preview_value(value: Any, limit: int = 200) -> Any:
     """Values are echoed back as JSON, shortened when large."""
     try:
         text = orjson.dumps(value, default=str)
-    except TypeError:
-        return repr(value)[:limit]
+    except TypeError:  # nested past what orjson writes: reprlib stops after a few levels
+        return reprlib.repr(value)[:limit]
     if len(text) <= limit:
         return orjson.loads(text)
     return text[:limit].decode("utf-8", "replace") + "..."

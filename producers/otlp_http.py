@@ -3,13 +3,13 @@ mapping in `producers.otlp` (docs/otlp.md).
 
 Same API keys and size limits as `/v1/events` (`--max-body-bytes` on the body after gzip is undone,
 `--max-events` on the spans of one request). Bodies: `application/x-protobuf` or `application/json`
-(OTLP JSON: hex ids), `Content-Encoding: gzip` accepted. Answers:
+(OTLP JSON: hex ids), `Content-Encoding: gzip` accepted (any other encoding: 415). Answers:
 - 200 with an `ExportTraceServiceResponse` in the request's encoding, only after the broker
   acknowledged every event and every dead letter of the request; spans that cannot be mapped are
   counted in `partial_success.rejected_spans` (the exporter must not resend them) and are in
   `agentstream.dlq` with the trace and span ids and the reason.
-- 400 malformed payload (not OTLP, bad JSON, bad gzip, a non-hex id) with the reason; nothing of it
-  is written to any topic. 401 / 413 / 415 as on `/v1/events`.
+- 400 malformed payload (not OTLP, bad JSON, a broken or truncated gzip stream, a non-hex id) with
+  the reason; nothing of it is written to any topic. 401 / 413 / 415 as on `/v1/events`.
 - 503 when the broker did not acknowledge (the body of `/v1/events`' 503; OTLP exporters retry it).
 
 Events and dead letters go through the gateway's own `_publish` / `_send_dead_letters` (redaction
@@ -31,6 +31,8 @@ import orjson
 from producers.errors import RequestRejected
 from producers.gateway_requests import (
     GatewayConfig,
+    content_encoding,
+    decoded_body,
     field_error,
     key_allowed,
     presented_key,
@@ -41,7 +43,6 @@ from producers.otlp_state import DurableStepCursor
 
 log = logging.getLogger(__name__)
 
-ENCODINGS = ("gzip", "identity", "")
 _IDS = ("traceId", "spanId", "parentSpanId")
 
 
@@ -115,12 +116,7 @@ def _media(request, config: GatewayConfig) -> str:
         raise RequestRejected(
             415, "unsupported media type", [field_error(None, "Content-Type", request.content_type, message)]
         )
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
-    if encoding not in ENCODINGS:
-        message = f"content encoding must be gzip or none, got {encoding!r}"
-        raise RequestRejected(
-            415, "unsupported content encoding", [field_error(None, "Content-Encoding", encoding, message)]
-        )
+    content_encoding(request.headers)
     length = request.content_length
     if length is not None and length > config.max_body_bytes:
         raise too_large(length, config.max_body_bytes)
@@ -128,16 +124,19 @@ def _media(request, config: GatewayConfig) -> str:
 
 
 async def _read(request, config: GatewayConfig) -> bytes:
-    """The body, gzip undone by aiohttp (its size limit applies to the decompressed bytes)."""
+    """The body with gzip undone here (the gateway turns aiohttp's decompression off, so that an
+    encoding it does not take is a 415 and not its parser's plain-text 400); the size limit applies
+    to the compressed and to the decompressed bytes."""
     from aiohttp import web
     from aiohttp.web_protocol import RequestPayloadError
 
     try:
-        return await request.read()
+        body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large(None, config.max_body_bytes) from None
     except RequestPayloadError as exc:
         raise RequestRejected(400, "malformed OTLP payload", message=f"cannot read the body: {exc}") from None
+    return decoded_body(body, content_encoding(request.headers), config.max_body_bytes)
 
 
 def decode_request(body: bytes, media: str):

@@ -4,6 +4,11 @@
 - `decode(data) -> Event`: tolerant read. Unknown fields are ignored, older schema versions accepted;
   an unknown `type` or a newer major `schema_version` is a `DecodeError` naming the field and value.
 - `validate(mapping, strict=True)`: the producer-side check: unknown fields are errors too.
+
+Both directions hold the contract's bounds (`schemas.limits`): an event over them is a `DecodeError`
+naming the field, the value (abbreviated) and the limit, also when read back from a topic, so that a
+consumer dead-letters a record that bypassed validation. Input nested deeper than any parser here
+reads is a `DecodeError` on `$`, never a RecursionError.
 """
 
 from __future__ import annotations
@@ -15,8 +20,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from schemas.errors import DecodeError, FieldError
 from schemas.events import EVENT_MODELS, EVENT_TYPES, SCHEMA_MAJOR, Event, EventBase
+from schemas.limits import MAX_EVENT_BYTES, MAX_JSON_DEPTH, json_depth
 
 _EVENT_ADAPTER: TypeAdapter = TypeAdapter(Event)
+# pydantic's JSON parser refuses input nested deeper than this (unknown fields included, which a
+# tolerant read otherwise ignores); the checked path agrees, so every stage can re-encode what it read
+# (orjson stops at 254). Known free-form fields are held to MAX_JSON_DEPTH by the models.
+_READ_DEPTH = 200
 
 
 def encode(event: EventBase) -> bytes:
@@ -39,6 +49,7 @@ def decode(data: bytes | bytearray | memoryview | str) -> Event:
     so such input takes the checked path and is refused as invalid JSON, as before."""
     if isinstance(data, memoryview):
         data = data.tobytes()
+    check_size(len(data))
     try:
         event = _EVENT_ADAPTER.validate_json(data)
     except ValidationError:
@@ -51,11 +62,28 @@ def decode(data: bytes | bytearray | memoryview | str) -> Event:
 def decode_checked(data: bytes | bytearray | memoryview | str) -> Event:
     """`decode` step by step: JSON, `type`, version, then fields; raises `DecodeError` naming each
     problem. Also the reference the fast path must agree with."""
+    if isinstance(data, memoryview):
+        data = data.tobytes()
+    check_size(len(data))
     try:
         raw = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise DecodeError([FieldError("$", _preview(data), f"not valid JSON: {exc}")]) from None
+        message = f"not valid JSON: {exc}"
+        if "depth" in str(exc) or "ecursion" in str(exc):
+            message += f" (events nest at most {MAX_JSON_DEPTH} levels: MAX_JSON_DEPTH)"
+        raise DecodeError([FieldError("$", _preview(data), message)]) from None
+    depth = json_depth(raw, limit=_READ_DEPTH)
+    if depth > _READ_DEPTH:
+        message = f"nests more than the limit of {_READ_DEPTH} levels (unknown fields included)"
+        raise DecodeError([FieldError("$", _preview(data), message)])
     return validate(raw, strict=False)
+
+
+def check_size(size: int) -> None:
+    """Refuse an encoded event over `MAX_EVENT_BYTES` (it would not fit in one broker message)."""
+    if size > MAX_EVENT_BYTES:
+        message = f"encoded event of {size} bytes exceeds the limit of {MAX_EVENT_BYTES} bytes"
+        raise DecodeError([FieldError("$", size, message)])
 
 
 def validate(raw: Any, strict: bool = False) -> Event:
@@ -108,7 +136,8 @@ def _check_version(raw: dict, event_type: str) -> None:
 def _check_unknown_fields(raw: dict, model: type[EventBase], event_type: str) -> None:
     unknown = sorted(set(raw) - set(model.model_fields))
     if unknown:
-        raise DecodeError([FieldError(name, raw[name], "unknown field") for name in unknown], event_type)
+        errors = [FieldError(name, _abbreviated(raw[name]), "unknown field") for name in unknown]
+        raise DecodeError(errors, event_type)
 
 
 def field_errors(exc: ValidationError, raw: Any = None) -> list[FieldError]:
@@ -116,14 +145,29 @@ def field_errors(exc: ValidationError, raw: Any = None) -> list[FieldError]:
     out = []
     for err in exc.errors(include_url=False):
         path = ".".join(str(p) for p in err["loc"]) or "$"
-        value = err.get("input")
-        if err["type"] == "missing":
-            value = None
+        value = None if err["type"] == "missing" else _abbreviated(err.get("input"))
         out.append(FieldError(path, value, _message(err)))
     return out
 
 
+def _abbreviated(value: Any, limit: int = 200) -> Any:
+    """A value to name in an error: long strings and deep or large containers are cut, so that an
+    error about a megabyte string or a value nested 1,000 levels deep stays small and safe to print,
+    echo as JSON and dead-letter."""
+    if isinstance(value, str):
+        return value if len(value) <= limit else value[:limit] + f"... ({len(value)} characters)"
+    if isinstance(value, dict | list):
+        depth = json_depth(value, limit=MAX_JSON_DEPTH)
+        if depth > MAX_JSON_DEPTH or len(value) > limit:
+            kind = "object" if isinstance(value, dict) else "array"
+            deep = f"more than {MAX_JSON_DEPTH}" if depth > MAX_JSON_DEPTH else str(depth)
+            return f"<{kind} of {len(value)} items nested {deep} levels>"
+    return value
+
+
 def _message(err: dict) -> str:
+    if err["type"] == "value_error":
+        return err["msg"].removeprefix("Value error, ")
     if err["type"] == "missing":
         return "required field is missing"
     if err["type"] == "timezone_aware":

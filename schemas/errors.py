@@ -5,6 +5,7 @@ Messages name the field and the value received, so a user can fix the input with
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 
 
@@ -42,6 +43,12 @@ class DecodeError(SchemaError):
         return str(self)
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 4, 60, 60
+
+
 def _short_repr(value: object, limit: int = 80) -> str:
-    text = repr(value)
+    """The value, abbreviated: `reprlib` stops at a few levels and items, so a value nested
+    thousands of levels deep or megabytes long costs little and never a RecursionError."""
+    text = _REPR.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -12,38 +12,25 @@ Rules (README, "Versioning"):
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+
+from schemas.bounded import Id, JsonDict, JsonItem, Logprobs, StepCount, StepIndex, Text, TokenIds
+from schemas.limits import MAX_STEPS
 
 SCHEMA_MAJOR = 1
 # 1.1: `redactions` on the events that carry free text (issue #18)
 # 1.2: reward layers on `trajectory.scored`: per step `layers` / `missing_layers`, and the
 #      trajectory's `reward_definition` (issue #17)
-SCHEMA_VERSION = f"{SCHEMA_MAJOR}.2"
+# 1.3: bounds on every field that sizes work (`schemas.limits`); `payload_bytes`, `payload_sha256`
+#      and `payload_truncated` on `dead.letter` (issue #34)
+SCHEMA_VERSION = f"{SCHEMA_MAJOR}.3"
 
 Score = Annotated[float, Field(ge=0.0, le=1.0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 NonNegFloat = Annotated[float, Field(ge=0.0)]
 
-
-def _finite_json(value: Any) -> Any:
-    """JSON has no NaN or Infinity. Typed float fields refuse them (`allow_inf_nan=False`); this
-    refuses them inside free-form objects too, which pydantic's own JSON parser would otherwise read."""
-    if isinstance(value, float):
-        if value != value or value in (_INF, -_INF):
-            raise ValueError(f"{value!r} is not a JSON number (NaN and Infinity are not JSON)")
-    elif isinstance(value, dict):
-        for item in value.values():
-            _finite_json(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _finite_json(item)
-    return value
-
-
-_INF = float("inf")
-JsonDict = Annotated[dict[str, Any], AfterValidator(_finite_json)]
 REDACTIONS_HELP = "secrets replaced by a [REDACTED:<detector>] placeholder before publishing (since 1.1)"
 
 
@@ -56,12 +43,12 @@ class EventBase(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False, populate_by_name=True)
 
-    event_id: str = Field(min_length=1, description="unique; derived events use a deterministic id")
+    event_id: Id = Field(min_length=1, description="unique; derived events use a deterministic id")
     type: str
-    schema_version: str = Field(SCHEMA_VERSION, pattern=r"^\d+\.\d+$")
-    trajectory_id: str = Field(min_length=1, description="partition key: one trajectory, one partition")
+    schema_version: str = Field(SCHEMA_VERSION, pattern=r"^\d+\.\d+$", max_length=32)
+    trajectory_id: Id = Field(min_length=1, description="partition key: one trajectory, one partition")
     occurred_at: AwareDatetime = Field(description="when it happened, timezone-aware (stored as UTC)")
-    producer: str = Field(min_length=1, description="who wrote the event, e.g. 'sdk/0.1.0' or 'rules'")
+    producer: Id = Field(min_length=1, description="who wrote the event, e.g. 'sdk/0.1.0' or 'rules'")
 
     @field_validator("occurred_at")
     @classmethod
@@ -74,37 +61,37 @@ class EventBase(BaseModel):
 
 class EpisodeStarted(EventBase):
     type: Literal["episode.started"] = "episode.started"
-    task_id: str = Field(min_length=1)
-    task: str = Field("", description="the instruction given to the agent")
-    domain: str = "generic"
-    agent: str = ""
-    model: str = ""
-    policy_version: str | None = None
-    group_id: str | None = Field(None, description="rollouts of one task sampled together (GRPO groups)")
-    reference_steps: NonNegInt | None = Field(None, description="reference step count, for efficiency")
+    task_id: Id = Field(min_length=1)
+    task: Text = Field("", description="the instruction given to the agent")
+    domain: Id = "generic"
+    agent: Id = ""
+    model: Id = ""
+    policy_version: Id | None = None
+    group_id: Id | None = Field(None, description="rollouts of one task sampled together (GRPO groups)")
+    reference_steps: StepCount | None = Field(None, description="reference step count, for efficiency")
     metadata: JsonDict = Field(default_factory=dict)
     redactions: NonNegInt = Field(0, description=REDACTIONS_HELP)
 
 
 class StepRecorded(EventBase):
     type: Literal["step.recorded"] = "step.recorded"
-    step_index: NonNegInt
-    thought: str = ""
-    tool: str = ""
+    step_index: StepIndex
+    thought: Text = ""
+    tool: Id = ""
     params: JsonDict = Field(default_factory=dict)
-    observation: str = ""
+    observation: Text = ""
     exit_code: int | None = None
-    error: str | None = None
-    model: str = ""
-    policy_version: str | None = None
+    error: Text | None = None
+    model: Id = ""
+    policy_version: Id | None = None
     input_tokens: NonNegInt | None = None
     output_tokens: NonNegInt | None = None
     latency_ms: NonNegFloat | None = None
-    token_ids: list[int] | None = Field(None, description="sampled token ids, for on-policy RL")
-    logprobs: list[float] | None = Field(None, description="logprobs of token_ids, same length")
+    token_ids: TokenIds | None = Field(None, description="sampled token ids, for on-policy RL")
+    logprobs: Logprobs | None = Field(None, description="logprobs of token_ids, same length")
     reward: float | None = Field(None, description="environment reward for this step (Gymnasium-style envs)")
     # Recorded by the policy server (token-in/token-out); absent for steps recorded elsewhere.
-    prompt_token_ids: list[int] | None = Field(
+    prompt_token_ids: TokenIds | None = Field(
         None,
         description="the prompt's token ids as a delta: the tokens from prompt_delta_start on "
         "(the whole prompt on an episode's first turn)",
@@ -115,7 +102,7 @@ class StepRecorded(EventBase):
         "prompt the model saw is that context[:prompt_delta_start] + prompt_token_ids",
     )
     sampling: JsonDict | None = Field(None, description="sampling parameters of the completion")
-    tokenizer_hash: str | None = Field(None, description="hash of the tokenizer and chat template")
+    tokenizer_hash: Id | None = Field(None, description="hash of the tokenizer and chat template")
     token_continuity: Literal["first", "ok", "broken"] | None = Field(
         None,
         description="first: no previous turn known; ok: the prompt extends the previous prompt + "
@@ -127,11 +114,11 @@ class StepRecorded(EventBase):
     token_rl_eligible: bool | None = Field(
         None, description="false when the token history is broken: fine for SFT, not for token-level RL"
     )
-    finish_reason: str | None = Field(None, description="stop | length | tool_calls")
+    finish_reason: Id | None = Field(None, description="stop | length | tool_calls")
     tool_call_malformed: bool | None = Field(
         None, description="the model wrote a tool call that could not be parsed; returned as text"
     )
-    samples: list[JsonDict] | None = Field(
+    samples: Annotated[list[JsonItem], Field(max_length=MAX_STEPS)] | None = Field(
         None, description="n > 1: the other samples ({token_ids, logprobs, finish_reason, text})"
     )
     redactions: NonNegInt = Field(0, description=REDACTIONS_HELP)
@@ -141,16 +128,16 @@ class EpisodeEnded(EventBase):
     type: Literal["episode.ended"] = "episode.ended"
     success: bool
     score: Score | None = None
-    tests_passed: NonNegInt | None = None
-    tests_failed: NonNegInt | None = None
+    tests_passed: StepCount | None = None
+    tests_failed: StepCount | None = None
     terminated: bool = True
     truncated: bool = False
-    total_steps: NonNegInt | None = None
-    error: str | None = Field(None, description="why the episode failed, when it raised")
+    total_steps: StepCount | None = None
+    error: Text | None = Field(None, description="why the episode failed, when it raised")
     input_tokens: NonNegInt | None = Field(None, description="episode total, when the producer knows it")
     output_tokens: NonNegInt | None = Field(None, description="episode total, when the producer knows it")
     cost_usd: NonNegFloat | None = Field(None, description="model cost of the episode, when known")
-    outcome_source: str | None = Field(
+    outcome_source: Id | None = Field(
         None, description="where success/score came from (e.g. 'info.exit_status'); 'unknown': not stated"
     )
     redactions: NonNegInt = Field(0, description=REDACTIONS_HELP)
@@ -161,7 +148,7 @@ class EpisodeEnded(EventBase):
 
 class RuleRewardStep(EventBase):
     type: Literal["reward.rule.step"] = "reward.rule.step"
-    step_index: NonNegInt
+    step_index: StepIndex
     redundancy: Score | None = None
     regression: Score | None = None
     info_utilization: Score | None = None
@@ -186,7 +173,7 @@ class _JudgeCost(EventBase):
 
 class JudgeStep(_JudgeCost):
     type: Literal["reward.judge.step"] = "reward.judge.step"
-    step_index: NonNegInt
+    step_index: StepIndex
     scores: dict[str, Score] = Field(default_factory=dict, description="rubric -> score; unscored = absent")
     score: Score | None = None
     rationale: str = ""
@@ -206,7 +193,7 @@ class JudgeFailed(EventBase):
     type: Literal["reward.judge.failed"] = "reward.judge.failed"
     reason: str
     kind: Literal["error", "parse", "budget_paused", "circuit_open"] = "error"
-    step_index: NonNegInt | None = None
+    step_index: StepIndex | None = None
     judge_model: str = ""
     prompt_version: str = ""
     attempts: NonNegInt = 0
@@ -221,11 +208,11 @@ class JudgeFailed(EventBase):
 
 class FeedbackAnnotation(EventBase):
     type: Literal["feedback.annotation"] = "feedback.annotation"
-    step_index: NonNegInt | None = Field(None, description="None: the annotation is for the trajectory")
-    rubric: str = "overall"
+    step_index: StepIndex | None = Field(None, description="None: the annotation is for the trajectory")
+    rubric: Id = "overall"
     score: Score
-    annotator: str = ""
-    comment: str = ""
+    annotator: Id = ""
+    comment: Text = ""
     redactions: NonNegInt = Field(0, description=REDACTIONS_HELP)
 
 
@@ -254,13 +241,13 @@ class ScoredStep(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
-    step_index: NonNegInt
-    thought: str = ""
-    tool: str = ""
+    step_index: StepIndex
+    thought: Text = ""
+    tool: Id = ""
     params: JsonDict = Field(default_factory=dict)
-    observation: str = ""
+    observation: Text = ""
     exit_code: int | None = None
-    error: str | None = None
+    error: Text | None = None
     rule_score: Score | None = None
     redundancy: Score | None = None
     regression: Score | None = None
@@ -271,12 +258,12 @@ class ScoredStep(BaseModel):
     process_score: Score | None = Field(None, description="combined step reward over present layers")
     input_tokens: NonNegInt | None = None
     output_tokens: NonNegInt | None = None
-    token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
+    token_ids: TokenIds | None = None
+    logprobs: Logprobs | None = None
     policy_version: str | None = None
     # Token-in/token-out fields of the step as the policy server recorded them (see StepRecorded);
     # what the GRPO builder trains on without re-tokenising. Absent for steps recorded elsewhere.
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: TokenIds | None = None
     prompt_delta_start: NonNegInt | None = None
     token_continuity: Literal["first", "ok", "broken"] | None = None
     event_id: str | None = Field(None, description="the step.recorded event this step came from")
@@ -308,8 +295,8 @@ class TrajectoryScored(EventBase):
     policy_version: str | None = None
     group_id: str | None = None
     success: bool | None = None
-    steps: list[ScoredStep] = Field(default_factory=list)
-    total_steps: NonNegInt = 0
+    steps: Annotated[list[ScoredStep], Field(max_length=MAX_STEPS)] = Field(default_factory=list)
+    total_steps: StepCount = 0
     outcome_score: Score | None = None
     process_score: Score | None = None
     efficiency_score: Score | None = None
@@ -444,15 +431,24 @@ class DeadLetter(EventBase):
     when the input did not carry one."""
 
     type: Literal["dead.letter"] = "dead.letter"
-    reason: str
-    error_type: str = ""
+    reason: Text
+    error_type: Id = ""
     stage: str = Field(description="the processor that rejected it (its stable name)")
     source_topic: str | None = None
     source_partition: int | None = None
     source_offset: int | None = None
-    source_key: str | None = None
-    payload: str = Field("", description="the rejected bytes: utf-8 text, or base64 (see encoding)")
+    source_key: Id | None = None
+    payload: Text = Field(
+        "",
+        description="the rejected bytes, or their first MAX_DEAD_LETTER_PAYLOAD_BYTES when larger (see "
+        "payload_truncated): utf-8 text, or base64 (see encoding)",
+    )
     payload_encoding: Literal["utf-8", "base64"] = "utf-8"
+    payload_bytes: NonNegInt | None = Field(None, description="size of the whole rejected input (since 1.3)")
+    payload_sha256: str | None = Field(
+        None, max_length=64, description="sha256 hex of the whole rejected input (since 1.3)"
+    )
+    payload_truncated: bool = Field(False, description="`payload` is a prefix of the input (since 1.3)")
 
 
 Event = Annotated[

@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from producers.adapters.agentstream_jsonl import ReadyEvents
 from producers.adapters.base import AdapterError, Overrides, Rejection, build_events, load_document
 from producers.adapters.detect import FORMATS, adapter_for, detect_format
 from producers.redaction import Redactor, load_redactor
+from schemas.codec import field_errors
 from schemas.events import EventBase
 
 log = logging.getLogger(__name__)
@@ -97,7 +99,13 @@ def _take(report: FileReport, item, doc, overrides: Overrides) -> None:
         report.episodes += sum(1 for e in item.events if e.type == "episode.started")
         report.steps += sum(1 for e in item.events if e.type == "step.recorded")
     else:
-        events = build_events(item, doc, report.format, overrides)
+        try:
+            events = build_events(item, doc, report.format, overrides)
+        except ValidationError as exc:  # out of the contract's bounds (a 200,000-step log, a huge id)
+            reason = "; ".join(str(e) for e in field_errors(exc))
+            where = f"{doc.path}: episode {item.key}"
+            report.rejections.append(Rejection(where, f"{where}: out of bounds: {reason}"))
+            return
         report.events.extend(events)
         report.episodes += 1
         report.steps += len(item.steps)

@@ -256,7 +256,14 @@ def test_env_wrapper_records_each_episode(broker, data_dir):
 def test_oversize_events_are_refused_when_recorded(offline_recorder):
     ep = offline_recorder.episode(task_id="t")
     with pytest.raises(ProducerError, match=r"step.recorded .* exceeds max_event_bytes=1000000"):
+        ep.step(observation="x" * 500_001, thought="y" * 500_001)  # each string within its own limit
+    with pytest.raises(ProducerError, match=r"observation: .* at most 512000 characters"):
         ep.step(observation="x" * 1_000_001)
+    deep: object = 1
+    for _ in range(300):
+        deep = [deep]
+    with pytest.raises(ProducerError, match=r"params: nests at least 65 levels .* limit of 64"):
+        ep.step(tool="x", params={"x": deep})
     assert ep.step(tool="ok").step_index == 0  # the refused step did not use up an index
 
 

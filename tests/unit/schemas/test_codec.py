@@ -67,7 +67,8 @@ def strategy_for(annotation, metadata=()) -> st.SearchStrategy:
         return st.booleans()
     if annotation is int:
         low = next((m.ge for m in metadata if isinstance(m, annotated_types.Ge)), -(2**31))
-        return st.integers(min_value=low, max_value=2**31)
+        high = next((m.le for m in metadata if isinstance(m, annotated_types.Le)), 2**31)
+        return st.integers(min_value=low, max_value=high)
     if annotation is float:
         low = next((m.ge for m in metadata if isinstance(m, annotated_types.Ge)), -1e9)
         high = next((m.le for m in metadata if isinstance(m, annotated_types.Le)), 1e9)
