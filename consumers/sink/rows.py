@@ -87,7 +87,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "dead_letters": _columns(
         "event_id trajectory_id occurred_at stage reason error_type source_topic source_partition "
-        "source_offset source_key payload payload_encoding"
+        "source_offset source_key payload payload_encoding payload_bytes payload_sha256 payload_truncated"
     ),
 }
 
@@ -255,7 +255,7 @@ def policy_version_row(e: PolicyUpdated) -> Row:
 
 
 def dead_letter_row(e: DeadLetter) -> Row:
-    return _row("dead_letters", e)
+    return _row("dead_letters", e, payload_truncated=int(e.payload_truncated))
 
 
 def reward_version_row(e: RewardVersionCompleted) -> Row:
