@@ -226,3 +226,17 @@ def report(seg: Segment, damage: Damage, kept: Path, clean: bool) -> None:
         size,
         kept,
     )
+
+
+class CorruptReads:
+    """The read side: a batch refused to a fetch is reported at ERROR once per batch (a consumer
+    retrying it must not flood the log), then at DEBUG."""
+
+    def __init__(self, partition: str) -> None:
+        self.partition = partition
+        self._reported: set[tuple[int, int]] = set()  # (segment base, byte position)
+
+    def report(self, seg: Segment, pos: int, offset: int, exc: Exception) -> None:
+        level = logging.DEBUG if (seg.base, pos) in self._reported else logging.ERROR
+        self._reported.add((seg.base, pos))
+        log.log(level, "%s: fetch at offset %d refused, not served: %s", self.partition, offset, exc)

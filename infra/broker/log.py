@@ -19,10 +19,9 @@ Layout of `<data>/<topic>-<partition>/`:
 - `*.cleaned`, `*.swap`, `cleaner.checkpoint`: compaction's (`infra.broker.compaction`); its
   segments keep their offsets, with gaps, so reads skip to the next batch that exists.
 
-Recovery: every segment is verified batch by batch at open (length, magic, offset order, CRC-32C),
-after a crash and after a clean shutdown alike, and indexed from what it holds; a damaged stretch is
-kept aside under `corrupt/`, cut and reported at ERROR with its offsets (`infra.broker.damage`).
-Reads verify each batch's CRC-32C again before serving it (StoredBatchCorruptError, never its bytes).
+Recovery: every segment is verified batch by batch at open, after a crash or a clean shutdown, and
+indexed from what it holds; damage is kept aside, cut and reported (`infra.broker.damage`). Reads
+verify each batch's CRC-32C again before serving it (StoredBatchCorruptError, never its bytes).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from pathlib import Path
 
 from clients.files import fsync_dir
 from infra.broker.compaction import finish_swaps, install_swap
-from infra.broker.damage import verify_segment
+from infra.broker.damage import CorruptReads, verify_segment
 from infra.broker.errors import (
     BrokerStorageError,
     InvalidProducerEpochError,
@@ -122,7 +121,7 @@ class PartitionLog:
         self._producers: dict[int, ProducerEntry] = {}
         self._positions: dict[int, tuple[Segment, int]] = {}  # next-fetch-offset -> (segment, byte)
         self._open_sealed: OrderedDict[Segment, None] = OrderedDict()
-        self._corrupt_reported: set[tuple[int, int]] = set()  # (segment base, byte) refused to a fetch
+        self._corrupt_reads = CorruptReads(self.directory.name)
         self._dirty = False
         self._last_flush_ms = _now_ms()
         self._closed = False
@@ -337,19 +336,13 @@ class PartitionLog:
             try:
                 data, next_offset = seg.read_batches(pos, max_bytes)
             except StoredBatchCorruptError as exc:
-                self._report_corrupt_read(seg, pos, offset, exc)
+                self._corrupt_reads.report(seg, pos, offset, exc)
                 raise
             if len(self._positions) > 256:
                 self._positions.clear()
             if next_offset <= seg.next_offset:  # at the active end it becomes valid once data follows
                 self._positions[next_offset] = (seg, pos + len(data))
             return data
-
-    def _report_corrupt_read(self, seg: Segment, pos: int, offset: int, exc: Exception) -> None:
-        """ERROR once per damaged batch (a consumer retrying it must not flood the log), then DEBUG."""
-        level = logging.DEBUG if (seg.base, pos) in self._corrupt_reported else logging.ERROR
-        self._corrupt_reported.add((seg.base, pos))
-        log.log(level, "%s: fetch at offset %d refused, not served: %s", self.directory.name, offset, exc)
 
     def _find(self, offset: int) -> tuple[Segment, int] | None:
         """(segment, byte) of the first batch ending at or after `offset`, across compaction's gaps."""
