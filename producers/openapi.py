@@ -21,6 +21,9 @@ def _ref(name: str) -> dict:
 
 
 def _error_schemas() -> dict[str, Any]:
+    """The JSON Schemas of the gateway's response bodies.
+
+    Long: one literal per response body; split, the document would be read in pieces."""
     field_error = {
         "type": "object",
         "required": ["index", "field", "value", "message"],
