@@ -156,11 +156,15 @@ class ReaderLimits:
     def connection_suffix(self) -> str:
         """chDB connection-string settings of the reader's session (`readonly=1`: nothing can lift them).
 
+        `join_use_nulls=1` too: the project's views are written for it (`SETTINGS join_use_nulls = 1`
+        in their definitions), and under `readonly=1` the engine ignores a view's own SETTINGS, so an
+        unmatched LEFT JOIN column would read as its type's default (a replay "completed" in 1970).
+
         >>> ReaderLimits(5, 100, 10, 1).connection_suffix()
-        '?readonly=1&max_execution_time=5&max_memory_usage=100&max_result_bytes=10&max_threads=1'
+        '?readonly=1&join_use_nulls=1&max_execution_time=5&max_memory_usage=100&max_result_bytes=10&max_threads=1'
         """
         return (
-            f"?readonly=1&max_execution_time={self.max_execution_time_s}"
+            f"?readonly=1&join_use_nulls=1&max_execution_time={self.max_execution_time_s}"
             f"&max_memory_usage={self.max_memory_usage}&max_result_bytes={self.max_result_bytes}"
             f"&max_threads={self.max_threads}"
         )
@@ -173,8 +177,21 @@ class ReaderRefused(Exception):
         super().__init__(f"Code: 164. DB::Exception: {reason}. (READONLY)")
 
 
+class SessionOutOfStep(Exception):
+    """A chDB session still hands back a failed query's output; nothing runs on it until it does not."""
+
+
 class _Session:
-    """One chDB connection, serialised by its own lock (a chDB connection is not thread-safe)."""
+    """One chDB connection, serialised by its own lock (a chDB connection is not thread-safe).
+
+    Why `run` and not `conn.query`: when a query fails while writing its output (a memory limit hit
+    by the output format), chDB 4.4 keeps what was written (a `...WithNames` header, a JSON prefix)
+    and returns it ahead of the next query's own output. A reader chose that text (a column name),
+    it came back as the next query's canonical text and ran unchecked (INTO OUTFILE, the key file).
+    After any failure the session is drained: a query must answer exactly its random marker before
+    another runs."""
+
+    DRAIN_TRIES = 3
 
     def __init__(self, spec: str):
         import chdb
@@ -182,10 +199,36 @@ class _Session:
         self.conn = chdb.connect(spec)
         self.lock = threading.Lock()
         self.database: str | None = None
+        self.dirty = False
+
+    def run(self, sql: str, fmt: str, params: dict[str, str] | None = None) -> bytes:
+        """`sql`'s output and nothing else (call with `lock` held)."""
+        if self.dirty:
+            self._drain()
+        try:
+            return self.conn.query(sql, fmt, params=params or {}).bytes() or b""
+        except BaseException:
+            self.dirty = True
+            raise
+
+    def _drain(self) -> None:
+        for _ in range(self.DRAIN_TRIES):
+            marker = secrets.token_hex(8)
+            try:
+                out = self.conn.query(f"SELECT '{marker}'", "TabSeparatedRaw").bytes()
+            except Exception:
+                continue
+            if out == f"{marker}\n".encode():
+                self.dirty = False
+                return
+        raise SessionOutOfStep(
+            f"Code: 1002. DB::Exception: the chDB session still returns a failed query's output after "
+            f"{self.DRAIN_TRIES} tries; retry later"
+        )
 
     def use(self, database: str | None) -> None:
         if database and database != self.database:
-            self.conn.query(f"USE `{database.replace('`', '')}`", "TabSeparated")
+            self.run(f"USE `{database.replace('`', '')}`", "TabSeparated")
             self.database = database
 
 
@@ -209,16 +252,16 @@ class EmbeddedEngine:
             session.use(database)
             if statement.insert_data is not None:
                 return self._insert(statement)
-            return session.conn.query(statement.sql, statement.fmt, params=params).bytes() or b""
+            return session.run(statement.sql, statement.fmt, params)
 
     def _read(self, statement: Statement, database: str | None, params: dict[str, str]) -> bytes:
         if statement.insert_data is not None:
             raise ReaderRefused("INSERT is refused for a reader")
         session = self._reader
         with session.lock:
-            session.use(database)
+            session.use(database or "default")  # one reader's `database` is not the next one's
             sql = self._checked(statement.sql)
-            return session.conn.query(sql, statement.fmt, params=params).bytes() or b""
+            return session.run(sql, statement.fmt, params)
 
     def _checked(self, sql: str) -> str:
         """The engine's canonical text of a reader's `sql`, refused unless a reader may run it."""
@@ -226,8 +269,13 @@ class EmbeddedEngine:
 
         canonical = self._canonical.get(sql)
         if canonical is None:
-            canonical = self._reader.conn.query(format_query_sql(sql), "TabSeparatedRaw").bytes().decode()
-            canonical = canonical.rstrip("\n")
+            # the marker proves that the text is this formatQuery's answer and nothing else's
+            marker = secrets.token_hex(8)
+            out = self._reader.run(format_query_sql(sql, marker), "TabSeparatedRaw").decode()
+            if not out.startswith(marker):
+                self._reader.dirty = True
+                raise SessionOutOfStep("Code: 1002. DB::Exception: the chDB session is out of step; retry")
+            canonical = out[len(marker) :].rstrip("\n")
             if len(self._canonical) >= 1024:
                 self._canonical.clear()
             self._canonical[sql] = canonical
@@ -241,9 +289,7 @@ class EmbeddedEngine:
             tmp.write(statement.insert_data or b"")
         try:
             quoted = tmp.name.replace("\\", "\\\\").replace("'", "\\'")
-            self._writer.conn.query(
-                f"{statement.sql} FROM INFILE '{quoted}' FORMAT {statement.fmt}", "TabSeparated"
-            )
+            self._writer.run(f"{statement.sql} FROM INFILE '{quoted}' FORMAT {statement.fmt}", "TabSeparated")
         finally:
             os.unlink(tmp.name)
         return b""
@@ -283,10 +329,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _refused_browser(self) -> bool:
         """Refuse what a web page can send: a foreign Host (DNS rebinding), a browser's request."""
-        host = (self.headers.get("Host") or "").lower()
-        if host not in self.server.allowed_hosts:
+        hosts = self.headers.get_all("Host") or []
+        host = hosts[0].lower() if len(hosts) == 1 else ""
+        if not self.path.startswith("/"):  # absolute-form (`POST http://evil/`): a proxy's request
+            self._refuse(400, "the request target must be a path (origin-form)")
+            return True
+        if host not in self.server.allowed_hosts:  # none, several, or a foreign one
             self._refuse(
-                403, f"Host {host!r} is refused (allowed: {', '.join(sorted(self.server.allowed_hosts))})"
+                403,
+                f"Host {hosts!r} is refused (allowed: one of {', '.join(sorted(self.server.allowed_hosts))})",
             )
             return True
         if self.headers.get("Origin") is not None or any(
