@@ -9,6 +9,7 @@ outputs (deterministic event ids), which every consumer drops by `event_id`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,10 +20,15 @@ from schemas.deadletter import record_dead_letter
 from schemas.errors import DecodeError
 from schemas.events import DeadLetter, EventBase
 from schemas.records import Record
+from streams.errors import BatchFailed
 
 log = logging.getLogger(__name__)
 
 STATE = "state"  # the table every role has: per-trajectory state
+MAX_REASON_CHARS = 2_000  # of a dead letter's reason: an exception's text may quote the whole input
+# Failures that say nothing about the record: the role exits and replays from its committed offsets.
+# An error class may also say so itself with a true `retryable` attribute (the judge's ledger).
+RETRYABLE = (BatchFailed, ConnectionError, TimeoutError, asyncio.TimeoutError, OSError)
 
 StateGetter = Callable[[bytes], bytes | None]
 
@@ -55,10 +61,8 @@ def decode_records(
 ) -> Iterator[tuple[Record, EventBase]]:
     """Decode records; those that cannot be used become dead letters. Yields (record, event)."""
     for record in records:
-        try:
-            event = decode(record.value if record.value is not None else b"")
-        except DecodeError as exc:
-            result.dead.append(letter_for(stage, record, str(exc), "DecodeError"))
+        event = decode_record(stage, record, result)
+        if event is None:
             continue
         if event.type not in accepted.get(record.topic, set()):
             reason = f"type: {event.type!r} is not expected on topic {record.topic!r} by {stage}"
@@ -67,10 +71,41 @@ def decode_records(
         yield record, event
 
 
+def decode_record(stage: str, record: Record, result: BatchResult) -> EventBase | None:
+    """The record's event, or None with a dead letter in `result`. Whatever decoding raises is the
+    record's fault (a `DecodeError`, or a parser's own limit such as a `RecursionError`): the same
+    bytes fail the same way on every replay, so they must not stop the stage."""
+    try:
+        return decode(record.value if record.value is not None else b"")
+    except DecodeError as exc:
+        result.dead.append(letter_for(stage, record, str(exc), "DecodeError"))
+    except Exception as exc:
+        result.dead.append(letter_for(stage, record, f"not decodable: {exc!r}", type(exc).__name__))
+    return None
+
+
 def letter_for(stage: str, record: Record, reason: str, error_type: str) -> DeadLetter:
     """A dead letter for `record`, naming its coordinates (logged as one line)."""
+    reason = reason if len(reason) <= MAX_REASON_CHARS else reason[:MAX_REASON_CHARS] + "..."
     log.warning("%s: dead letter from %s: %s", stage, record.describe(), reason)
     return record_dead_letter(stage, record, reason, error_type)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether a failure is the world's (the broker, the network, the disk, a shared ledger: worth
+    a restart from the committed offsets) rather than the input's (poison: to the DLQ).
+
+    >>> is_retryable(ConnectionError("refused")), is_retryable(KeyError("step_index"))
+    (True, False)
+    """
+    if isinstance(exc, RETRYABLE) or getattr(exc, "retryable", False) is True:
+        return True
+    return type(exc).__module__.split(".", 1)[0] in ("aiokafka", "kafka")
+
+
+def poison_letter(stage: str, record: Record, exc: BaseException) -> DeadLetter:
+    """The dead letter of a record whose processing raised on its own (`BatchShell` isolates it)."""
+    return letter_for(stage, record, f"processing failed: {exc!r}", type(exc).__name__)
 
 
 class StateCache:

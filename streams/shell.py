@@ -10,6 +10,9 @@ wait for slow calls). Per batch, under the role's lock:
 1. continuity: a batch that follows offsets this worker never received exits the role before faust
    acks it (streams/offsets.py), unless retention deleted those offsets;
 2. process: the role's pure function turns the records into a `BatchResult` (streams/batch.py);
+   when that (or encoding its outputs) raises for a reason that is not the world's (`is_retryable`),
+   the batch is processed again one record at a time, each published on its own, and a record that
+   fails alone is dead-lettered with its coordinates (poison): one record never stops a role;
 3. publish: outputs, forwards and dead letters are sent in bulk and awaited until acknowledged;
 4. stage state: the changelog records of the table updates are sent and acknowledged, then the
    local store is written (faust's own table writes go through a buffer its pre-commit flush gives
@@ -39,7 +42,7 @@ from schemas.codec import encode, encode_key
 from schemas.records import Record
 from schemas.topics import topic_for
 from streams import faust_compat
-from streams.batch import STATE, BatchPacing, BatchResult
+from streams.batch import STATE, BatchPacing, BatchResult, is_retryable, poison_letter
 from streams.config import EXIT_REPLAY
 from streams.dlq import send_dead_letters
 from streams.errors import BatchFailed
@@ -52,15 +55,25 @@ BATCH_STOP_GRACE_S = 10.0  # how long a stopping agent lets its batch finish
 
 Process = Callable[[list[Record]], BatchResult | Awaitable[BatchResult]]
 Work = Callable[[], BatchResult | Awaitable[BatchResult]]
+Messages = list[tuple[str, bytes | None, bytes | None]]
 
 
 class BatchShell:
     """One role's I/O: its tables, its optional internal topic for forwards, its lock and stats."""
 
-    def __init__(self, app, name: str, partitions: int, tables: dict[str, str] | None = None):
+    def __init__(
+        self,
+        app,
+        name: str,
+        partitions: int,
+        tables: dict[str, str] | None = None,
+        forget: Callable[[], None] = lambda: None,
+    ):
         """`tables`: the role's table names in `BatchResult.tables` -> faust table names (which name
-        the changelog topics, so they stay as they are); default one table, `state`."""
-        self.app, self.name = app, name
+        the changelog topics, so they stay as they are); default one table, `state`. `forget`: drop
+        the role's decoded-state caches (a batch that raised midway may have changed them in place
+        without storing them)."""
+        self.app, self.name, self.forget = app, name, forget
         tables = tables or {STATE: STATE}
         self.tables = {key: state_table(app, name, table, partitions) for key, table in tables.items()}
         self.forward_topic = None
@@ -150,9 +163,17 @@ class BatchShell:
         async with self.lock:
             self.stats.first(len(records))
             started = time.perf_counter()
-            result = await _maybe_await(process(records))
+            try:
+                result = await _maybe_await(process(records))
+                messages = self._messages(result)
+            except Exception as exc:
+                if is_retryable(exc):
+                    raise
+                result = await self._one_by_one(name, records, process, exc)
+                self.stats.add(len(records), len(result.outputs), time.perf_counter() - started, 0.0)
+                return
             processed = time.perf_counter()
-            await self.publish(result)
+            await self._send(result, messages)
         self.stats.add(
             len(records), len(result.outputs), processed - started, time.perf_counter() - processed
         )
@@ -168,15 +189,52 @@ class BatchShell:
 
         return await finish_batch(f"{self.name} timer", run)
 
+    async def _one_by_one(self, name: str, records: list[Record], process: Process, exc: Exception):
+        """A batch whose processing raised: each record processed and published alone, in order (so
+        each sees the state of those before it); one that raises alone is poison and dead-lettered.
+        A retryable failure, here too, exits as any failed batch does. Returns the results merged."""
+        log.error(
+            "%s: a batch of %d records (%s..%s) failed (%r); processing them one at a time",
+            name,
+            len(records),
+            records[0].describe(),
+            records[-1].describe(),
+            exc,
+        )
+        merged = BatchResult()
+        self.forget()
+        for record in records:
+            try:
+                result = await _maybe_await(process([record]))
+                messages = self._messages(result)
+            except Exception as exc:
+                if is_retryable(exc):
+                    raise
+                self.forget()
+                result = BatchResult(dead=[poison_letter(name, record, exc)])
+                messages = []
+            await self._send(result, messages)
+            merged.outputs += result.outputs
+            merged.dead += result.dead
+        return merged
+
     async def publish(self, result: BatchResult) -> None:
         """Outputs, forwards and dead letters (acknowledged), then the state: the changelog never
         runs ahead of what was emitted."""
+        await self._send(result, self._messages(result))
+
+    def _messages(self, result: BatchResult) -> Messages:
+        """The outputs and forwards, encoded (an output that cannot be encoded raises here, before
+        anything of the batch is sent)."""
         messages = [(topic_for(e.type), encode_key(e), encode(e)) for e in result.outputs]
         if result.forwards:
             if self.forward_topic is None:
                 raise BatchFailed(f"{self.name}: forwards without an internal topic")
             topic = self.forward_topic.get_topic_name()
             messages += [(topic, key, value) for key, value in result.forwards]
+        return messages
+
+    async def _send(self, result: BatchResult, messages: Messages) -> None:
         await send_all(self.app, messages)
         await send_dead_letters(self.app, self.name, result.dead)
         await self._store(result.tables)

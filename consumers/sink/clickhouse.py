@@ -4,8 +4,9 @@ Retryable failures (the server or endpoint unreachable) are retried with exponen
 `max_retry_s`, then raised so the worker exits non-zero with its offsets uncommitted (no loss). A
 failed batch that is retried may have been partly written: ReplacingMergeTree deduplicates it. A
 batch refused for its data is re-tried row by row; rows refused on their own are returned as
-`Rejected` (the runner sends them to the DLQ). If every row of a table is refused by the server, the
-problem is the table, not the rows: that is raised, never dead-lettered.
+`Rejected` (the runner sends them to the DLQ). If every row of a table is refused by the server and
+the table no longer has the columns written to, the problem is the table, not the rows: that is
+raised, never dead-lettered.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ class ClickHouseSink(Sink):
                 rejected.append(
                     Rejected(table, source, f"insert into {table} failed: {exc}", type(exc).__name__)
                 )
-        if refusals and len(refusals) == len(rows) and all(is_server_refusal(e) for e in refusals):
+        every_row = refusals and len(refusals) == len(rows) and all(is_server_refusal(e) for e in refusals)
+        if every_row and not self._table_answers(table):
             raise refusals[0]  # the table itself is broken: stop rather than dead-letter everything
         for item in rejected:
             log.error(
@@ -126,6 +128,18 @@ class ClickHouseSink(Sink):
                 item.reason,
             )
         return rejected
+
+    def _table_answers(self, table: str) -> bool:
+        """Whether `table` still has every column the rows are written to. Why: when every row of a
+        batch was refused, a broken table must stop the sink, but rows that are poison on their own
+        (a batch of one poison record) must be dead-lettered, or they stop it at every restart."""
+        columns = ", ".join(f"`{c}`" for c in COLUMNS[table])
+        try:
+            self.client.query(f"SELECT {columns} FROM `{self.database}`.`{table}` LIMIT 0")
+        except Exception as exc:
+            log.error("table %s does not answer (%s): its inserts are not the rows' fault", table, exc)
+            return False
+        return True
 
     def _insert_with_retry(self, table: str, rows: list[tuple]) -> None:
         deadline = time.monotonic() + self.max_retry_s

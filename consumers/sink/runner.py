@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 STAGE = "sink"
 VERSIONS_SEEN = "trajectory_versions_seen"
 GROUP_ID = "agentstream-sink"
+MAX_REASON_CHARS = 2_000  # of a dead letter's reason: an exception's text may quote the whole input
 
 
 @dataclass(frozen=True)
@@ -169,19 +170,29 @@ class SinkWorker:
         self._records += 1
         try:
             event = decode(source.value)
+            rows = rows_for(event, source.value, record.topic, record.partition, record.offset)
         except DecodeError as exc:
-            letter = _dead_letter(source, str(exc), "DecodeError")
-            if source.topic == DLQ:
-                self.sink.add("dead_letters", dead_letter_row(letter), source)  # never re-published
-            else:
-                self._dead.append(letter)
+            self._refuse(source, str(exc), "DecodeError")
             return
-        for table, row in rows_for(event, source.value, record.topic, record.partition, record.offset):
+        except Exception as exc:  # the record's fault (a parser's limit, a value no row can hold)
+            self._refuse(source, f"no rows from this record: {exc!r}", type(exc).__name__)
+            return
+        for table, row in rows:
             if table == VERSIONS_SEEN:
                 if row in self._versions_seen:
                     continue  # the table keeps the first time; this worker wrote it already
                 self._versions_seen.add(row)
             self.sink.add(table, row, source)
+
+    def _refuse(self, source: Record, reason: str, error_type: str) -> None:
+        """Dead-letter a record that gives no rows; one from the DLQ itself is written to
+        `dead_letters` directly, never re-published (no loop)."""
+        reason = reason if len(reason) <= MAX_REASON_CHARS else reason[:MAX_REASON_CHARS] + "..."
+        letter = _dead_letter(source, reason, error_type)
+        if source.topic == DLQ:
+            self.sink.add("dead_letters", dead_letter_row(letter), source)
+        else:
+            self._dead.append(letter)
 
     def due(self) -> bool:
         """Whether to start a write now: a full batch; rows waiting `flush_interval_s`; or, under light

@@ -35,6 +35,7 @@ from schemas.records import Record
 log = logging.getLogger(__name__)
 
 STAGE = "trainer"
+MAX_REASON_CHARS = 2_000  # of a dead letter's reason: an exception's text may quote the whole input
 
 
 def run_trainer(config: TrainerConsumerConfig) -> int:
@@ -169,6 +170,9 @@ class TrainerConsumer:
         except DecodeError as exc:
             self._dead_letter(exc.reason, "DecodeError", topic, partition, record)
             return
+        except Exception as exc:  # a parser's own limit (e.g. RecursionError): the record's fault
+            self._dead_letter(f"not decodable: {exc!r}", type(exc).__name__, topic, partition, record)
+            return
         if topic == topics.POLICY_UPDATES:
             self.consumed.pop((topic, partition), None)  # re-read from the start each run; never committed
             if isinstance(event, PolicyUpdated):
@@ -178,9 +182,13 @@ class TrainerConsumer:
             reason = f"type: expected trajectory.scored on {topic}, got {event.type!r}"
             self._dead_letter(reason, "WrongEventType", topic, partition, record)
             return
-        self.planner.offer(event, Record(topic, partition, record.offset), now)
+        try:
+            self.planner.offer(event, Record(topic, partition, record.offset), now)
+        except Exception as exc:  # pure planning over a decoded event: it fails the same way every time
+            self._dead_letter(f"cannot be planned: {exc!r}", type(exc).__name__, topic, partition, record)
 
     def _dead_letter(self, reason: str, error_type: str, topic: str, partition: int, record) -> None:
+        reason = reason if len(reason) <= MAX_REASON_CHARS else reason[:MAX_REASON_CHARS] + "..."
         log.warning("trainer: dead-lettering %s[%d]@%d: %s", topic, partition, record.offset, reason)
         source = Record(topic, partition, record.offset, record.key, record.value)
         letter = record_dead_letter(STAGE, source, reason, error_type)

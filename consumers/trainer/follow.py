@@ -25,13 +25,17 @@ from consumers.trainer.config import TrainRunConfig
 from consumers.trainer.executor import TrainingExecutor
 from consumers.trainer.kinds import KINDS
 from schemas import topics
-from schemas.codec import decode, encode
-from schemas.errors import DecodeError
+from schemas.codec import decode, encode, encode_key
+from schemas.deadletter import record_dead_letter
 from schemas.events import BatchBuilt, PolicyUpdated
+from schemas.records import Record
 
 log = logging.getLogger(__name__)
 
 CLIENT_ID = "trainer-executor"
+STAGE = "executor"
+MAX_REASON_CHARS = 2_000  # of a dead letter's reason: an exception's text may quote the whole input
+POISON_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 def resolve_batch(path: Path, method: str | None) -> tuple[Path, str, str]:
@@ -173,11 +177,42 @@ def _follow_loop(consumer, executor: TrainingExecutor, producer, run: TrainRunCo
 
 
 def _train_record(executor: TrainingExecutor, producer, record, kinds: tuple[str, ...]) -> None:
+    """Train on one `batch.built` record; a record that can never train (undecodable, its batch
+    file missing or unreadable, rows the executor refuses) is dead-lettered with its coordinates,
+    so that its offset is committed and the follower goes on. The broker, the disk and the device
+    failing are not the record's fault: they raise (the process exits; the record is read again)."""
     try:
-        event = decode(record.value)
-    except DecodeError as exc:
-        log.warning("executor: skipping undecodable record at offset %d: %s", record.offset, exc)
-        return
+        _train_event(executor, producer, record, kinds)
+    except Exception as exc:
+        if not _is_poison(exc):
+            raise
+        _dead_letter(producer, record, exc)
+
+
+def _is_poison(exc: Exception) -> bool:
+    """The record's fault: it fails the same way on every replay.
+
+    >>> _is_poison(FileNotFoundError("x")), _is_poison(ConnectionError()), _is_poison(KeyError("prompt"))
+    (True, False, True)
+    """
+    from kafka.errors import KafkaError
+
+    if isinstance(exc, POISON_OS_ERRORS):
+        return True  # the file the event points to is not there, not a file, or not ours to read
+    return not isinstance(exc, KafkaError | OSError | MemoryError)
+
+
+def _dead_letter(producer, record, exc: Exception) -> None:
+    source = Record(record.topic, record.partition, record.offset, record.key, record.value)
+    reason = f"cannot train on this record: {exc!r}"
+    reason = reason if len(reason) <= MAX_REASON_CHARS else reason[:MAX_REASON_CHARS] + "..."
+    log.error("executor: dead-lettering %s: %s", source.describe(), reason)
+    letter = record_dead_letter(STAGE, source, reason, type(exc).__name__)
+    producer.send(topics.DLQ, key=encode_key(letter), value=encode(letter)).get(timeout=30)
+
+
+def _train_event(executor: TrainingExecutor, producer, record, kinds: tuple[str, ...]) -> None:
+    event = decode(record.value)
     if not isinstance(event, BatchBuilt) or event.kind not in kinds:
         return
     if event.batch_id in executor.state.batches:

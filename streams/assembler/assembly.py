@@ -22,9 +22,11 @@ Duplicates (same `event_id`) are ignored; a second event for the same step slot 
 ignored too and reported in `ignored` (a newer judge failure replaces an older one; a score stands).
 
 `missing` names what the emission lacks (e.g. `episode.ended`, `reward.rule.step[3]`,
-`reward.judge.step[2]`, failed judge targets included); each step's `layers` and `missing_layers`
-say which layers it has and why an expected one is absent; `reward_definition` names the layers
-every step has and the reward version (`schemas.events.reward_definition`).
+`reward.judge.step[2]`, failed judge targets included; past `slots.MAX_LISTED_SLOTS` absent slots of a kind,
+a run of them is one entry such as `step.recorded[7..99999]`, so the list and the work to make it are
+bounded by what arrived, never by a claimed `step_index` or `total_steps`); each step's `layers`
+and `missing_layers` say which layers it has and why an expected one is absent; `reward_definition`
+names the layers every step has and the reward version (`schemas.events.reward_definition`).
 
 Ids: `derived_event_id("trajectory.scored", trajectory_id, revision, content_hash)`, and `occurred_at`
 is the latest `occurred_at` of the joined input, so a replay of the same input recreates the same
@@ -79,6 +81,7 @@ from streams.assembler.scoring import (
     total_reward,
     weighted_mean,
 )
+from streams.assembler.slots import absent_slots
 from streams.rules.profiles import DomainProfile, ProfileRegistry
 from streams.rules.rewards import efficiency
 
@@ -245,10 +248,11 @@ class Assembly:
             if not part
         ]
         n = self.expected_steps()
-        out += [f"step.recorded[{i}]" for i in range(n) if i not in self.steps]
-        out += [f"reward.rule.step[{i}]" for i in range(n) if i not in self.rules]
-        if self.judge_mode == "step":
-            out += [f"reward.judge.step[{i}]" for i in range(n) if not judge_done(self.judge_steps.get(i))]
+        out += absent_slots("step.recorded", n, self.steps)
+        out += absent_slots("reward.rule.step", n, self.rules)
+        if self.judge_mode == "step" and not judge_done(None):
+            done = [i for i, entry in self.judge_steps.items() if judge_done(entry)]
+            out += absent_slots("reward.judge.step", n, done)
         elif self.judge_mode is not None and not judge_done(self.judge_trajectory):
             out.append("reward.judge.trajectory")
         return out

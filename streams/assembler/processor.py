@@ -26,7 +26,15 @@ from schemas import topics
 from schemas.events import EpisodeStarted, RuleRewardStep
 from schemas.records import Record
 from streams.assembler.assembly import JOINED_TYPES, Assembly, Calibrations
-from streams.batch import BatchResult, StateCache, StateGetter, by_trajectory, decode_records, letter_for
+from streams.batch import (
+    BatchResult,
+    StateCache,
+    StateGetter,
+    by_trajectory,
+    decode_records,
+    is_retryable,
+    letter_for,
+)
 from streams.rules.profiles import ProfileRegistry
 
 log = logging.getLogger(__name__)
@@ -138,19 +146,29 @@ class TrajectoryAssembler:
         floor = max(self.started_at, 0.0)
         due = [k for k, last in self.open.items() if now - max(last, floor) >= self.grace_s]
         for key in due:
-            if not get_state(key):
+            try:
+                self._expire_one(key, get_state, now, floor, result)
+            except Exception as exc:  # a state no input can fix must not stop the timer for good
+                if is_retryable(exc):
+                    raise
                 self.open.pop(key, None)
-                continue
-            state = self.cache.get(key, get_state)
-            scored = state.decide(
-                key.decode(), self.profiles, self.calibrations, now, self.grace_s, floor, self.rule_version
-            )
-            self.open.pop(key, None)
-            if scored is not None:
-                result.outputs.append(scored)
-                result.updates[key] = raw = orjson.dumps(state.to_dict())
-                self.cache.stored(key, raw, state)
+                self.cache.clear()
+                log.error("%s: trajectory %s cannot be emitted (%r); left unemitted", self.name, key, exc)
         return result
+
+    def _expire_one(self, key: bytes, get_state: StateGetter, now: float, floor: float, result) -> None:
+        if not get_state(key):
+            self.open.pop(key, None)
+            return
+        state = self.cache.get(key, get_state)
+        scored = state.decide(
+            key.decode(), self.profiles, self.calibrations, now, self.grace_s, floor, self.rule_version
+        )
+        self.open.pop(key, None)
+        if scored is not None:
+            result.outputs.append(scored)
+            result.updates[key] = raw = orjson.dumps(state.to_dict())
+            self.cache.stored(key, raw, state)
 
     def track_restored(self, items) -> int:
         """After recovery: reload calibration maps and remember the trajectories that may still emit."""

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 def register(app, config: WorkerConfig) -> TrajectoryAssembler:
     """Add the `assembler` agent and its grace timer to `app`; returns its processor."""
     processor = assembler_for(config)
-    shell = BatchShell(app, processor.name, config.partitions)
+    shell = BatchShell(app, processor.name, config.partitions, forget=processor.cache.clear)
     get_state = shell.get()
     run_assembly(
         app, config, shell, processor, processor.sources, partial(processor.process, get_state=get_state)

@@ -76,6 +76,8 @@ BUDGET_KEY = b"budget"
 class JudgeLedgerError(StreamsError):
     """The shared budget or cache topic could not be written or read back in time."""
 
+    retryable = True  # the broker's fault, not the batch's: the shell exits and replays it
+
 
 def topic_specs(prefix: str) -> list[TopicSpec]:
     """The two topics under `prefix` (internal: named after the live judge app, not in the registry).

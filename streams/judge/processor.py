@@ -27,11 +27,9 @@ from datetime import datetime
 
 import orjson
 
-from schemas.codec import decode
-from schemas.errors import DecodeError
 from schemas.events import EpisodeEnded, EpisodeStarted, EventBase, StepRecorded, utc_now
 from schemas.records import Record
-from streams.batch import BatchResult, letter_for
+from streams.batch import BatchResult, decode_record, letter_for
 from streams.judge.budget import SpendBudget
 from streams.judge.cache import ReplyCache
 from streams.judge.calls import JudgeCalls, JudgeStats, Outcome
@@ -139,14 +137,10 @@ class JudgeProcessor:
 
     async def process_records(self, records: Sequence[Record]) -> BatchResult:
         """Decode agent-event records (bad ones become dead letters), then `process_events`."""
-        events, letters = [], []
-        for record in records:
-            try:
-                events.append(decode(record.value or b""))
-            except DecodeError as exc:
-                letters.append(letter_for(NAME, record, exc.reason, "DecodeError"))
+        decoded = BatchResult()
+        events = [e for e in (decode_record(NAME, r, decoded) for r in records) if e is not None]
         result = await self.process_events(events)
-        result.dead.extend(letters)
+        result.dead.extend(decoded.dead)
         return result
 
     async def process_events(self, events: Sequence[EventBase]) -> BatchResult:

@@ -17,7 +17,7 @@ from streams.shell import BatchShell
 def register(app, config: WorkerConfig) -> RuleRewarder:
     """Add the `rules` agent to `app`; returns its processor."""
     processor = RuleRewarder(ProfileRegistry.from_file(config.profiles_path), config.reward_version)
-    shell = BatchShell(app, processor.name, config.partitions)
+    shell = BatchShell(app, processor.name, config.partitions, forget=processor.cache.clear)
     process = partial(processor.process, get_state=shell.get())
 
     source = shell.source(*processor.sources)

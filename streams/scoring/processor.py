@@ -41,6 +41,11 @@ class Scoring:
             )
         self.rules, self.assembler = rules, assembler
 
+    def forget(self) -> None:
+        """Drop both decoded-state caches (a batch raised midway: they may hold unstored changes)."""
+        self.rules.cache.clear()
+        self.assembler.cache.clear()
+
     def process(self, records: list[Record], get_rules: StateGetter, get_state: StateGetter) -> BatchResult:
         """One batch: every record decoded once; agent events through the rules, then everything
         (with the rule rewards just made, after their trajectory's events) through the assembly."""

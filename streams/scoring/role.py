@@ -23,7 +23,13 @@ def register(app, config: WorkerConfig) -> Scoring:
     """Add the `scoring` agent and its grace timer to `app`; returns its processor."""
     rules = RuleRewarder(ProfileRegistry.from_file(config.profiles_path), config.reward_version)
     processor = Scoring(rules, assembler_for(config))
-    shell = BatchShell(app, processor.name, config.partitions, {STATE: STATE, RULES_TABLE: RULES_TABLE})
+    shell = BatchShell(
+        app,
+        processor.name,
+        config.partitions,
+        {STATE: STATE, RULES_TABLE: RULES_TABLE},
+        forget=processor.forget,
+    )
     process = partial(processor.process, get_rules=shell.get(RULES_TABLE), get_state=shell.get())
     run_assembly(app, config, shell, processor.assembler, processor.sources, process)
     return processor
