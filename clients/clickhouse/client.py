@@ -23,14 +23,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from clients.clickhouse import ClickHouseError
-from clients.clickhouse.endpoint import (
-    Endpoint,
-    EndpointKeys,
-    ReaderLimits,
-    endpoint_file,
-    key_file,
-    with_credential,
-)
+from clients.clickhouse.endpoint import Endpoint, EndpointKeys, endpoint_file, key_file, with_credential
+from clients.clickhouse.engine import ReaderLimits
 
 log = logging.getLogger(__name__)
 

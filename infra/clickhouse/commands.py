@@ -54,7 +54,7 @@ def migrate_cmd(args) -> int:
 def serve_cmd(args) -> int:
     from clients.clickhouse import ClickHouseError
     from clients.clickhouse.client import open_and_serve
-    from clients.clickhouse.endpoint import ReaderLimits
+    from clients.clickhouse.engine import ReaderLimits
     from clients.clickhouse.migrate import migrate
 
     url = Settings.from_args(args).resolved_clickhouse_url

@@ -112,8 +112,10 @@ def allowed_policy_urls(config: McpConfig) -> list[str]:
 
 
 def chosen_policy_url(config: McpConfig, policy_url: str | None) -> str:
-    """`policy_url` when it is one of the configured endpoints (default: the first of them);
-    anything else is refused here, before any request is sent to it."""
+    """`policy_url`'s normalised form when it is one of the configured endpoints (default: the
+    first of them); anything else is refused here, before any request is sent to it. The checked
+    form is what is called: the caller's text may hold what the check's parser drops but an HTTP
+    client reads otherwise (`urlsplit` deletes tabs and newlines anywhere in a URL)."""
     allowed = allowed_policy_urls(config)
     if not policy_url:
         if not allowed:
@@ -125,7 +127,7 @@ def chosen_policy_url(config: McpConfig, policy_url: str | None) -> str:
             f"(allowed: {', '.join(allowed) or 'none'}); add it with --policy-urls or "
             "AGENTSTREAM_MCP_POLICY_URLS"
         )
-    return policy_url
+    return policy_endpoint(policy_url)
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clients.clickhouse import DATABASE
-from clients.clickhouse.statement import first_word, reader_refusal
+from clients.clickhouse.statement import bare_words, first_word, reader_refusal
 from infra.mcp.errors import McpToolError
 
 ALLOWED_FIRST = ("SELECT", "WITH", "SHOW TABLES", "DESCRIBE TABLE")
@@ -41,6 +41,8 @@ SYSTEM_TABLES = frozenset(
 GENERATORS = frozenset(("numbers", "numbers_mt", "zeros", "zeros_mt", "generate_series", "values"))
 MAX_QUERY_CHARS = 100_000
 _LISTING = re.compile(r"^(SHOW TABLES|DESCRIBE TABLE)\b")
+# the canonical text's own output format (what the client appends to EXPLAIN lands in its AST)
+_FORMAT_CLAUSE = re.compile(r"\bFORMAT\s+\w+\s*$")
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,8 @@ def checked(client, query: str) -> tuple[str, str]:
             f"(allowed: {', '.join(ALLOWED_FIRST)})"
         )
     reason = reader_refusal(text)
+    if reason is None and _FORMAT_CLAUSE.search(bare_words(text)):
+        reason = "a FORMAT clause is refused: the sql tool returns rows"
     if reason is None and not listing:
         explained = client.query(f"EXPLAIN AST {text}").result_rows
         reason = select_refusal(parse_ast("\n".join(str(row[0]) for row in explained)))

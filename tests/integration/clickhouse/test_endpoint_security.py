@@ -8,10 +8,15 @@ import base64
 import http.client
 import json
 import os
+import secrets
+import socket
 import stat
 import statistics
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
 import pytest
@@ -113,12 +118,111 @@ def test_browser_shaped_requests_are_refused_even_with_the_key(served):
     assert _raw(url, "POST", b"SELECT 1", fetch)[0] == 403
     rebound = {"Content-Type": "text/plain", "Host": "evil.example:80", **reader}
     assert _raw(url, "POST", b"SELECT 1", rebound)[0] == 403
+    assert _raw(url, "POST", b"SELECT 1", {"Host": "localhost.:1", **reader})[0] == 403  # trailing dot
     preflight = {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}
     status, _ = _raw(url, "OPTIONS", headers=preflight)
     assert status == 403
     # what held: the same request from clickhouse-connect's shape (no Origin, key in a header) runs
     assert _raw(url, "POST", b"SELECT 41 + 1", {"Content-Type": "text/plain", **reader}) == (200, "42\n")
     assert _raw(url, "GET", path="/ping")[0] == 200  # liveness needs no key and says nothing
+
+
+def _socket_request(url: str, head: bytes, body: bytes = b"SELECT 1") -> str:
+    """A request written byte for byte (what http.client will not send); returns the status line."""
+    address = urlparse(json.loads(endpoint_file(chdb_path(url)).read_text())["url"])
+    key = json.loads(key_file(chdb_path(url)).read_text())["reader"]
+    auth = base64.b64encode(f"reader:{key}".encode())
+    head = head.replace(b"{HOST}", address.netloc.encode())
+    request = head + b"Authorization: Basic " + auth + b"\r\nContent-Length: %d\r\n" % len(body)
+    with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+        sock.sendall(request + b"Connection: close\r\n\r\n" + body)
+        return sock.makefile("rb").readline().decode().strip()
+
+
+def test_a_second_host_header_or_an_absolute_target_is_refused(served):
+    """A proxy-shaped or smuggled request is not a local client's: found running with the key."""
+    url, _ = served
+    one = _socket_request(url, b"POST / HTTP/1.1\r\nHost: {HOST}\r\n")
+    assert one.endswith("200 OK")  # what held: the same request, plainly written
+    twice = _socket_request(url, b"POST / HTTP/1.1\r\nHost: {HOST}\r\nHost: evil.example\r\n")
+    assert " 403 " in twice
+    proxied = _socket_request(url, b"POST http://evil.example/ HTTP/1.1\r\nHost: {HOST}\r\n")
+    assert " 400 " in proxied
+    assert " 403 " in _socket_request(url, b"POST / HTTP/1.0\r\n")  # no Host at all
+
+
+class _Counting(BaseHTTPRequestHandler):
+    hits: list[str]
+
+    def do_GET(self) -> None:
+        self.hits.append(f"{self.command} {self.path}")
+        body = b"secret,from\nthe,inside\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextmanager
+def _counting_server() -> Iterator[tuple[str, list[str]]]:
+    hits: list[str] = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_Counting,), {"hits": hits}))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", hits
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_a_reader_cannot_fetch_a_url_through_describe(served):
+    """Found: `DESCRIBE url(...)` passed readonly=1 (the engine infers the schema by fetching the
+    URL, and a JSONEachRow error quoted the body), as did `s3`; `mysql` held the reader for 30 s."""
+    url, _ = served
+    reader = _basic(url, "reader")
+    with _counting_server() as (base, hits):
+        for query in (
+            f"DESCRIBE TABLE url('{base}/a', 'CSVWithNames')",
+            f"desc url('{base}/b')",
+            f"DESCRIBE s3('{base}/bucket/c', 'CSV')",
+            f"DESCRIBE TABLE url('{base}/d', 'JSONEachRow', headers('X-A' = 'b'))",
+            f"EXPLAIN TABLE OVERRIDE s3('{base}/bucket/e', 'CSV') COLUMNS (c1 String)",
+        ):
+            status, body = _raw(url, "POST", query.encode(), {"Content-Type": "text/plain", **reader})
+            assert status == 500 and "is refused for a reader" in body, (query, status, body)
+        assert hits == []  # not one request left the endpoint
+    status, body = _raw(url, "POST", b"DESCRIBE TABLE agentstream.probe", reader)
+    assert (status, body.split("\t")[0]) == (200, "x")  # what held: DESCRIBE of a table
+
+
+def test_a_failed_querys_output_never_reaches_the_next_query(served):
+    """Found: when a query failed while writing its output (a memory limit hit by the format),
+    chDB handed what it had written (here the header line, a column name the reader chose) to the
+    next query; the endpoint then checked and ran that text, two statements hidden from the
+    check, and the reader wrote a file (or read the key file) as the serving process."""
+    url, tmp = served
+    target = tmp / "stale-outfile"
+    payload = f"SELECT 1 /* ' */; SELECT 'pwned' INTO OUTFILE '{target}'; /* ' */"
+    alias = payload.replace("\\", "\\\\").replace("'", "\\'")
+    # 300 rows of 1 MB: over the module's 256 MB reader limit once the output buffer holds them
+    bomb = (
+        f"SELECT if(number = 0, '', repeat(char(0), 1000000)) AS `{alias}` FROM numbers(300) "
+        "FORMAT TabSeparatedRawWithNames"
+    )
+    reader = {"Content-Type": "text/plain", **_basic(url, "reader")}
+    for _ in range(2):
+        status, body = _raw(url, "POST", bomb.encode(), reader)
+        assert status == 500 and "MEMORY_LIMIT_EXCEEDED" in body
+        fresh = secrets.randbelow(10**12)  # a text the endpoint has not seen (nothing cached)
+        assert _raw(url, "POST", f"SELECT {fresh}".encode(), reader) == (200, f"{fresh}\n")
+    assert not target.exists()
 
 
 @pytest.mark.parametrize(
@@ -251,3 +355,33 @@ def test_the_engine_cancels_a_runaway_reader_without_delaying_the_writer(served)
     finally:
         reader.close()
     writer.close()
+
+
+def test_a_malformed_body_length_is_a_400_not_a_server_error(served):
+    """Found by attacking: a negative Content-Length or a chunk size that is not hexadecimal was a 500."""
+    url, _ = served
+    negative = b"POST / HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: -5\r\n"
+    assert " 400 " in _socket_request(url, negative, body=b"")
+    chunked = b"POST / HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\n"
+    assert " 400 " in _socket_request(url, chunked, body=b"zz\r\nSELECT 1\r\n0\r\n\r\n")
+
+
+def test_a_silent_client_is_disconnected(tmp_path, monkeypatch):
+    """Slow headers or a body that stops (issue #34 item 15) cannot hold a server thread: after the
+    handler's `timeout` seconds of silence the connection is closed (30 s; 1 s here)."""
+    from clients.clickhouse import endpoint as module
+
+    monkeypatch.setattr(module._Handler, "timeout", 1)
+    with module.Endpoint(tmp_path / "clickhouse") as served_here:
+        auth = base64.b64encode(f"reader:{served_here.keys.keys['reader']}".encode())
+        head = b"POST / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Basic %s\r\n" % (
+            served_here.port,
+            auth,
+        )
+        for partial in (head[:30], head + b"Content-Length: 100\r\n\r\nSEL"):
+            with socket.create_connection((served_here.host, served_here.port), timeout=10) as sock:
+                sock.sendall(partial)
+                started = time.monotonic()
+                while sock.recv(4096):  # an error reply may come first; then the close
+                    pass
+                assert time.monotonic() - started < 5

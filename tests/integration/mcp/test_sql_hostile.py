@@ -4,9 +4,11 @@ cancelled by the engine within its limit while the writer's inserts keep their l
 
 from __future__ import annotations
 
+import re
 import statistics
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -49,6 +51,8 @@ HOSTILE = [
     "SHOW TABLES INTO OUTFILE '" + OUT.format(n=1) + "'",
     "DESCRIBE TABLE agentstream.steps INTO OUTFILE '" + OUT.format(n=2) + "'",
     "DESCRIBE TABLE file('/etc/passwd', 'LineAsString')",
+    # DESCRIBE of a table function opens it to infer the schema (readonly=1 lets it; and see below)
+    "DESCRIBE TABLE sqlite('/etc/passwd', 't')",
     "SHOW CREATE TABLE system.users",
     "SHOW GRANTS",
     # table functions, quoted, as tables and as scalars
@@ -109,22 +113,73 @@ def _state(url: str):
         client.close()
 
 
+# A refusal: the tool's own (McpToolError, "query: ... refused" / "one statement only") or the
+# engine's (READONLY, ACCESS_DENIED). A syntax error, an unknown table or a connection error is
+# not one: the query was never judged (a typo here, or a server that is down, must fail the test).
+REFUSAL = re.compile(
+    r"^query: (.*\bis refused\b|one statement only)"
+    r"|Code: (164|497)\. DB::Exception"
+)
+
+
 def test_the_hostile_corpus_is_refused_and_writes_nothing(store):
     import os
 
     url, config = store
     assert len(HOSTILE) >= 30
     before = _state(url)
-    passed = []
+    not_refused = {}
     for query in HOSTILE:
         try:
             sql(config, query)
-        except Exception:
+        except Exception as exc:  # which exception it is, is what is asserted
+            if not REFUSAL.search(str(exc)):
+                not_refused[query] = f"{type(exc).__name__}: {str(exc)[:200]}"
             continue
-        passed.append(query)
-    assert passed == []
+        not_refused[query] = "ran"
+    assert not_refused == {}
     assert _state(url) == before  # no table created, dropped or renamed, no row written
     assert [n for n in range(1, 7) if os.path.exists(OUT.format(n=n))] == []
+
+
+class _Counting(BaseHTTPRequestHandler):
+    hits: list[str] = []
+
+    def do_GET(self) -> None:
+        self.hits.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", "12")
+        self.end_headers()
+        self.wfile.write(b"secret,body\n")
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_describe_of_a_url_is_refused_without_a_request(store):
+    """Found: `DESCRIBE TABLE url(...)` passed as a listing; the engine fetched the URL to infer
+    its schema (the column names came back: `secret`, `body`), and `s3` did the same."""
+    _, config = store
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for query in (
+            f"DESCRIBE TABLE url('{base}/a', 'CSVWithNames')",
+            f"DESC url('{base}/b')",
+            f"DESCRIBE TABLE s3('{base}/bucket/c', 'CSV')",
+        ):
+            with pytest.raises(Exception, match="DESCRIBE of a table function or query is refused"):
+                sql(config, query)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    assert _Counting.hits == []
+    assert sql(config, "DESCRIBE TABLE agentstream.steps")["row_count"] > 0  # a table's still passes
 
 
 @pytest.mark.parametrize(

@@ -211,10 +211,28 @@ def test_rollout_refuses_every_url_not_configured_without_a_request(tmp_path):
             f"http://127.0.0.1:8000@127.0.0.1:{port}/v1",  # userinfo that reads like the allowed one
             f"http://127.0.0.1:8000/v1/../../?x=http://127.0.0.1:{port}",
             f"file:///etc/passwd#{port}",
+            f"http://0x7f.1:{port}/v1",  # other spellings of loopback, IPv6 forms, a trailing dot
+            f"http://2130706433:{port}/v1",
+            f"http://[::ffff:127.0.0.1]:{port}/v1",
+            f"http://[::1]:{port}/v1",
+            f"http://127.0.0.1.:{port}/v1",
+            f"HTTP://127.0.0.1:{port}/V1",
         ):
             with pytest.raises(McpToolError, match="policy_url="):
                 env_tools.rollout(config, url)
         assert hits == []  # not one request reached it
+
+
+def test_rollout_calls_the_checked_form_of_the_url(tmp_path):
+    """Found: the check compared `urlsplit`'s reading (which deletes tabs and newlines anywhere)
+    but handed the caller's own text to the HTTP clients; now the checked form is what is called."""
+    config = McpConfig(data_dir=tmp_path, policy_urls=("http://127.0.0.1:8000/v1",))
+    for given in ("http://127.0.0.1:80\t00/v1", " http://127.0.0.1:8000/v1/\n", "http://LOCALHOST:8000/v1"):
+        try:
+            chosen = env_tools.chosen_policy_url(config, given)
+        except McpToolError:
+            continue  # refused outright is as good
+        assert chosen == "http://127.0.0.1:8000/v1", given
 
 
 def test_rollout_check_does_not_follow_a_redirect(tmp_path):
