@@ -66,7 +66,8 @@ from producers.gateway_requests import (
     too_large,
 )
 from producers.http import serve_app
-from producers.redaction import Redactor, load_redactor
+from producers.redaction import Redactor
+from producers.redaction_settings import load_redactor
 from schemas.codec import encode, encode_key
 from schemas.topics import DLQ, topic_for
 

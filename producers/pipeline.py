@@ -51,7 +51,8 @@ class RecorderConfig:
     close_timeout_s: float = 10.0
     max_event_bytes: int = 1_000_000  # Apache Kafka's default message.max.bytes
     producer: str = f"sdk/{SDK_VERSION}"
-    # redaction (producers.redaction): None = $AGENTSTREAM_SETTINGS_FILE, else <data_dir>/settings.yaml
+    # redaction (producers.redaction_settings): None = $AGENTSTREAM_SETTINGS_FILE, else
+    # <data_dir>/settings.yaml
     settings_file: str | None = None
 
     def __post_init__(self):

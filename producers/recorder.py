@@ -67,7 +67,7 @@ from producers.pipeline import (
     Until,
 )
 from producers.policy_follower import PolicyFollower
-from producers.redaction import load_redactor
+from producers.redaction_settings import load_redactor
 from producers.spool import Spool, SpoolRecord
 from schemas.codec import encode, encode_key
 from schemas.events import EventBase

@@ -18,38 +18,26 @@ is in the text. `@` (code, mail) does not run the e-mail and URL-password patter
 one search over the event's text first asks for an `@` after a character an address or a password
 can end with (and `://` for a URL), the same check `Detector.possible` does in each field.
 
-This module owns the detectors, the settings-file section and the event walk; it does no I/O except
-reading the settings file in `load_settings` and must not import anything above `producers`. A bad
-settings file is a `ProducerError` naming the file, the field and the value.
+Token ids: a `step.recorded` in which anything was redacted is published without its token ids
+(`token_ids`, `logprobs`, `prompt_token_ids`, and those of every entry of `samples`) and with
+`token_rl_eligible=False` (`withhold_tokens`): the ids are the text as the model read and wrote it,
+secret included, and re-tokenising the redacted text would not be what the model sampled. The
+policy server also withholds them when the prompt the model saw holds a secret, counting those
+in `redactions` too (docs/redaction.md).
 
-Settings file (YAML; `AGENTSTREAM_SETTINGS_FILE`, else `<data dir>/settings.yaml` when it exists):
-
-    redaction:
-      enabled: true            # default true
-      detectors:               # every built-in detector is on unless set to false here
-        email: false
-      patterns:                # your own: a name ([a-z0-9_]+) and a Python regex
-        - name: ticket
-          regex: "TICKET-[0-9]{6}"
+This module owns the detectors and the event walk; it does no I/O and must not import anything above
+`producers`. The settings file's `redaction:` section, which chooses the detectors, is read by
+`producers.redaction_settings`.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from producers.errors import ProducerError
 from schemas.events import EpisodeEnded, EpisodeStarted, EventBase, FeedbackAnnotation, StepRecorded
-
-SETTINGS_FILE_ENV = "AGENTSTREAM_SETTINGS_FILE"
-SETTINGS_FILE_NAME = "settings.yaml"
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-
 
 Trigger = str | re.Pattern[str]
 
@@ -338,7 +326,42 @@ class Redactor:
         if not total:
             return event
         update["redactions"] = event.redactions + total
+        if isinstance(event, StepRecorded):
+            update |= _without_tokens(event, update.get("samples", event.samples))
         return event.model_copy(update=update)
+
+
+TOKEN_FIELDS = ("token_ids", "logprobs", "prompt_token_ids")
+SAMPLE_TOKEN_FIELDS = ("token_ids", "logprobs")
+
+
+def withhold_tokens(step: StepRecorded, found: int = 0) -> StepRecorded:
+    """`step` without the token ids that spell its text (and their logprobs), marked not
+    token-trainable, with `found` more redactions counted (secrets found where the step keeps no
+    text, e.g. in the prompt the policy server rendered).
+
+    >>> from schemas.events import utc_now
+    >>> s = StepRecorded(event_id="e", trajectory_id="t", occurred_at=utc_now(), producer="p",
+    ...     step_index=0, token_ids=[5], logprobs=[-0.1], prompt_token_ids=[1, 2],
+    ...     samples=[{"text": "b", "token_ids": [6], "logprobs": [-1.0]}])
+    >>> w = withhold_tokens(s, 1)
+    >>> w.token_ids, w.logprobs, w.prompt_token_ids, w.samples, w.token_rl_eligible, w.redactions
+    (None, None, None, [{'text': 'b'}], False, 1)
+    """
+    update = _without_tokens(step, step.samples)
+    update["redactions"] = step.redactions + found
+    return step.model_copy(update=update)
+
+
+def _without_tokens(step: StepRecorded, samples: list[dict] | None) -> dict[str, Any]:
+    update: dict[str, Any] = dict.fromkeys(TOKEN_FIELDS)
+    if samples is not None:
+        update["samples"] = [
+            {k: v for k, v in sample.items() if k not in SAMPLE_TOKEN_FIELDS} for sample in samples
+        ]
+    if step.token_rl_eligible is not None or any(getattr(step, f) is not None for f in TOKEN_FIELDS):
+        update["token_rl_eligible"] = False
+    return update
 
 
 def _strings(value: Any, out: list[str]) -> None:
@@ -361,121 +384,3 @@ FREE_TEXT_FIELDS: dict[type[EventBase], tuple[str, ...]] = {
     EpisodeEnded: ("error",),
     FeedbackAnnotation: ("comment",),
 }
-
-
-# --- settings ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RedactionSettings:
-    """The `redaction:` section: on/off, built-in detectors turned off, user patterns (name, regex)."""
-
-    enabled: bool = True
-    disabled: frozenset[str] = frozenset()
-    patterns: tuple[tuple[str, str], ...] = ()
-    source: str = field(default="(defaults)", compare=False)
-
-    def redactor(self) -> Redactor:
-        """Built-in detectors not turned off, then the user patterns, in the file's order."""
-        chosen = [d for d in BUILTIN_DETECTORS if d.name not in self.disabled]
-        chosen += [Detector(name, re.compile(regex)) for name, regex in self.patterns]
-        return Redactor(chosen, self.enabled)
-
-
-def settings_file(explicit: str | Path | None = None, data_dir: str | Path | None = None) -> Path | None:
-    """Which settings file applies: `explicit`, else `$AGENTSTREAM_SETTINGS_FILE`, else
-    `<data_dir>/settings.yaml` when it exists, else None (built-in defaults). A file named
-    explicitly or by the environment must exist."""
-    named = explicit or os.environ.get(SETTINGS_FILE_ENV)
-    if named:
-        path = Path(named)
-        if not path.is_file():
-            raise ProducerError(f"settings file {str(path)!r} does not exist (or is not a file)")
-        return path
-    if data_dir is not None and (Path(data_dir) / SETTINGS_FILE_NAME).is_file():
-        return Path(data_dir) / SETTINGS_FILE_NAME
-    return None
-
-
-def load_settings(path: Path | None) -> RedactionSettings:
-    """The `redaction:` section of the YAML file at `path` (None: defaults)."""
-    if path is None:
-        return RedactionSettings()
-    import yaml
-
-    try:
-        doc = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ProducerError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ProducerError(f"{path}: expected a mapping at the top, got {type(doc).__name__}")
-    return parse_section(doc.get("redaction") or {}, str(path))
-
-
-def parse_section(section: Any, source: str = "settings") -> RedactionSettings:
-    """Check and read a `redaction:` mapping; errors name `source`, the field and the value."""
-
-    def bad(field_: str, value: Any, expected: str) -> ProducerError:
-        return ProducerError(f"{source}: redaction.{field_}: {expected}, got {value!r}")
-
-    if not isinstance(section, dict):
-        raise bad("", section, "expected a mapping")
-    unknown = sorted(set(section) - {"enabled", "detectors", "patterns"})
-    if unknown:
-        raise bad(unknown[0], section[unknown[0]], "unknown key (known: enabled, detectors, patterns)")
-    enabled = section.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise bad("enabled", enabled, "expected true or false")
-    return RedactionSettings(
-        enabled,
-        _disabled(section.get("detectors") or {}, bad),
-        _patterns(section.get("patterns") or [], bad),
-        source,
-    )
-
-
-def _disabled(detectors: Any, bad) -> frozenset[str]:
-    if not isinstance(detectors, dict):
-        raise bad("detectors", detectors, "expected a mapping of detector name -> true/false")
-    for name, on in detectors.items():
-        if name not in BUILTIN_NAMES:
-            raise bad(f"detectors.{name}", name, f"unknown detector (known: {', '.join(BUILTIN_NAMES)})")
-        if not isinstance(on, bool):
-            raise bad(f"detectors.{name}", on, "expected true or false")
-    return frozenset(name for name, on in detectors.items() if not on)
-
-
-def _patterns(patterns: Any, bad) -> tuple[tuple[str, str], ...]:
-    if not isinstance(patterns, list):
-        raise bad("patterns", patterns, "expected a list of {name, regex}")
-    out = []
-    for i, item in enumerate(patterns):
-        if not isinstance(item, dict) or set(item) != {"name", "regex"}:
-            raise bad(f"patterns[{i}]", item, "expected a mapping with exactly the keys name and regex")
-        name, regex = item["name"], item["regex"]
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise bad(
-                f"patterns[{i}].name", name, "expected a lower-case name of [a-z0-9_] starting with a letter"
-            )
-        if not isinstance(regex, str) or not regex:
-            raise bad(f"patterns[{i}].regex", regex, "expected a non-empty regular expression")
-        try:
-            compiled = re.compile(regex)
-        except re.error as exc:
-            raise bad(f"patterns[{i}].regex", regex, f"not a valid regular expression ({exc})") from None
-        if compiled.match(""):
-            raise bad(f"patterns[{i}].regex", regex, "matches the empty string")
-        out.append((name, regex))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=8)
-def _cached(path: Path | None) -> Redactor:
-    return load_settings(path).redactor()
-
-
-def load_redactor(explicit: str | Path | None = None, data_dir: str | Path | None = None) -> Redactor:
-    """The process's redactor for the settings file that applies (see `settings_file`), built
-    once per file and shared by every producer in the process."""
-    path = settings_file(explicit, data_dir)
-    return _cached(path.resolve() if path is not None else None)

@@ -36,7 +36,7 @@ def run_ingest(args) -> int:
 
     from infra.cli import output
     from producers.adapters.ingest import format_summary, ingest, succeeded
-    from producers.redaction import settings_file
+    from producers.redaction_settings import settings_file
     from schemas.settings import Settings
 
     found = settings_file(getattr(args, "settings_file", None), Settings.from_args(args).data_dir)

@@ -33,7 +33,7 @@ def run_gateway(args) -> int:
     import asyncio
 
     from producers.gateway import serve
-    from producers.redaction import settings_file
+    from producers.redaction_settings import settings_file
     from schemas.settings import Settings
 
     settings = Settings.from_args(args)

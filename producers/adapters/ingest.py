@@ -29,7 +29,8 @@ from pydantic import ValidationError
 from producers.adapters.agentstream_jsonl import ReadyEvents
 from producers.adapters.base import AdapterError, Overrides, Rejection, build_events, load_document
 from producers.adapters.detect import FORMATS, adapter_for, detect_format
-from producers.redaction import Redactor, load_redactor
+from producers.redaction import Redactor
+from producers.redaction_settings import load_redactor
 from schemas.codec import field_errors
 from schemas.events import EventBase
 

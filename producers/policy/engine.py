@@ -41,6 +41,12 @@ log = logging.getLogger(__name__)
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
 DTYPES |= {"fp32": "float32", "float32": "float32"}
 
+# Below this temperature sampling is greedy decoding, its limit (vLLM's floor too): logits divided
+# by 1e-300 overflow to inf and the softmax to NaN.
+MIN_TEMPERATURE = 1e-5
+# transformers' `model_max_length` when a tokenizer does not say (int(1e30)): not a limit.
+_NO_LIMIT = 10**12
+
 
 class EngineError(ProducerError):
     """A base model or adapter that cannot be loaded (the message names the path), or a bad request."""
@@ -172,6 +178,23 @@ def find_stop_ids(tokenizer: Any, model: Any) -> list[int]:
     return sorted(i for i in found if isinstance(i, int) and i >= 0)
 
 
+def context_length(tokenizer: Any, config: Any = None) -> int | None:
+    """The longest sequence (prompt + completion) the model takes: the smaller of the model config's
+    `max_position_embeddings` and the tokenizer's `model_max_length` (transformers puts 1e30 there
+    when the tokenizer does not say); None when neither says."""
+    limits = [getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    known = [int(n) for n in limits if isinstance(n, int | float) and 0 < n < _NO_LIMIT]
+    return min(known) if known else None
+
+
+def longest_token_bytes(tokenizer: Any) -> int:
+    """An upper bound of the input bytes one token stands for: the longest vocabulary entry (special
+    tokens included) in UTF-8. A byte-level entry spells one byte per character, a SentencePiece one
+    spells `▁` (3 bytes) for a space and `<0x0A>` for one byte, so the entry's own UTF-8 length is
+    never less than what it encodes."""
+    return max((len(token.encode()) for token in tokenizer.get_vocab()), default=1)
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}"
@@ -268,8 +291,10 @@ def filter_logits(logits: Any, params: SamplingParams) -> Any:
     if params.top_p < 1.0:
         ordered, order = torch.sort(logits, dim=-1, descending=True)
         probs = torch.softmax(ordered, dim=-1)
-        # a token goes when the tokens above it already cover top_p (the first one always stays)
+        # a token goes when the tokens above it already cover top_p; the first one always stays
+        # (a top_p below float32's resolution would otherwise drop every token)
         drop = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p
+        drop[..., 0] = False
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits
 
@@ -278,7 +303,7 @@ def pick_tokens(logits: Any, params: SamplingParams, generator: Any) -> Any:
     """One token per row: argmax when greedy, else a draw from the filtered distribution."""
     import torch
 
-    if params.temperature == 0:
+    if params.temperature < MIN_TEMPERATURE:
         return torch.argmax(logits, dim=-1)
     probs = torch.softmax(filter_logits(logits, params), dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -293,7 +318,7 @@ def sample_loop(model: Any, prompt_ids: list[int], params: SamplingParams, stop:
     import torch
 
     device = next(model.parameters()).device
-    rows = 1 if params.temperature == 0 else params.n  # greedy rows would all be the same
+    rows = 1 if params.temperature < MIN_TEMPERATURE else params.n  # greedy rows would all be the same
     generator = None
     if params.seed is not None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
@@ -339,6 +364,8 @@ class LocalEngine:
     tokenizer: Any
     tokenizer_hash: str
     stop_ids: list[int]  # token ids that end a completion (eos, <|im_end|>)
+    context_length: int | None  # prompt + completion, at most (see `context_length`)
+    longest_token_bytes: int  # see `longest_token_bytes`
 
     def __init__(
         self,
@@ -356,6 +383,8 @@ class LocalEngine:
         name = shared.add(adapter_dir(adapter)) if adapter is not None else None
         self._attach(shared, name, version, tokenizer, base)
         self.tokenizer_hash = tokenizer_hash(tokenizer, base)
+        self.context_length = context_length(tokenizer, model.config)
+        self.longest_token_bytes = longest_token_bytes(tokenizer)
         log.info(
             "policy engine: loaded %s (%s) on %s %s in %.2fs, adapter %s",
             self.model_name, version, device, model.dtype, time.monotonic() - started, adapter,
@@ -388,6 +417,7 @@ class LocalEngine:
         other = type(self).__new__(type(self))
         other._attach(self._shared, name, version, self.tokenizer, self._base)
         other.tokenizer_hash = self.tokenizer_hash
+        other.context_length, other.longest_token_bytes = self.context_length, self.longest_token_bytes
         log.info("policy engine: %s now also serves %s from %s", self.model_name, version, path)
         return other
 

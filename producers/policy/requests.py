@@ -4,6 +4,12 @@ or an OpenAI-style error naming the field and the value. No model, no I/O.
 Errors are `ApiError`s: an HTTP status and the OpenAI error body
 `{"error": {"message", "type", "param", "code"}}`, so the real `openai` SDK raises its own
 `BadRequestError` / `NotFoundError` / `AuthenticationError` with our message.
+
+Every value a request can send is checked here, so that nothing the client chose reaches the
+chat template or the sampler in a shape they cannot take (a 500 before): message content is a
+string or a list of text parts, `tool_calls` a list of function calls, sampling parameters numbers
+in OpenAI's ranges. A temperature below `MIN_TEMPERATURE` is greedy decoding (its limit; dividing
+logits by 1e-300 overflows), as vLLM does; a tiny `top_p` keeps the most likely token.
 """
 
 from __future__ import annotations
@@ -13,11 +19,12 @@ from typing import Any
 
 from producers.errors import ProducerError
 from producers.gateway_requests import check_key_hashes, parse_key_hashes
-from producers.policy.engine import SamplingParams
+from producers.policy.engine import MIN_TEMPERATURE, SamplingParams
 
 MAX_N = 16
 MAX_TOKENS_LIMIT = 4096
 ROLES = {"system", "user", "assistant", "tool", "developer"}
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True)
@@ -84,25 +91,91 @@ class PolicyConfig:
             "help": "generation threads (one model instance is shared)",
         },
     )
+    allowed_hosts: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "env": "AGENTSTREAM_POLICY_ALLOWED_HOSTS",
+            "help": "comma-separated Host header values accepted besides the loopback names with the "
+            "bound port (e.g. policy.internal:8000, or a name alone for any port); others get 421",
+        },
+    )
+    episode_context_tokens: int = field(
+        default=8 * 1024 * 1024,
+        metadata={
+            "env": "AGENTSTREAM_POLICY_EPISODE_CONTEXT_TOKENS",
+            "help": "token ids kept for the episodes' token continuity, all episodes together (4 bytes "
+            "each); the least recently used episode's context is dropped beyond it",
+        },
+    )
 
     def __post_init__(self):
         object.__setattr__(self, "api_key_hashes", parse_key_hashes(self.api_key_hashes))
         check_key_hashes(self.api_key_hashes)
         if self.workers < 1:
             raise ProducerError(f"workers: expected at least 1, got {self.workers}")
+        if self.episode_context_tokens < 0:
+            raise ProducerError(
+                f"episode_context_tokens: expected 0 or more, got {self.episode_context_tokens}"
+            )
+        hosts = self.allowed_hosts
+        hosts = hosts.split(",") if isinstance(hosts, str) else hosts
+        object.__setattr__(self, "allowed_hosts", tuple(h.strip().lower() for h in hosts if h.strip()))
+
+    def check_exposure(self, host: str) -> None:
+        """Refuse to serve a non-loopback address without API keys: anyone who can reach the port
+        could sample the model and write steps into the log (ProducerError naming the address)."""
+        if host not in LOOPBACK_HOSTS and not self.api_key_hashes:
+            raise ProducerError(
+                f"host={host!r}: a policy server reachable beyond this machine needs API keys "
+                "(--api-key-hashes or AGENTSTREAM_POLICY_API_KEY_HASHES, comma-separated sha256 hex "
+                "from `agentstream gateway-key KEY`); refusing to start without one"
+            )
 
 
 class ApiError(ProducerError):
     """A request the server answers with an OpenAI-style error."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
     ):
         super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+        return {"error": error}
+
+
+def context_exceeded(context_length: int, prompt_tokens: int, max_tokens: int, param: str) -> ApiError:
+    """OpenAI's answer to a prompt that, with the completion asked for, does not fit the model.
+    `prompt_tokens` may be a lower bound ("at least"), counted before rendering."""
+    return ApiError(
+        400,
+        f"{param}: this model's maximum context length is {context_length} tokens, but "
+        f"{prompt_tokens + max_tokens} were requested ({prompt_tokens} in the prompt, {max_tokens} "
+        "for the completion: max_tokens); shorten the prompt or lower max_tokens",
+        param,
+        code="context_length_exceeded",
+    )
+
+
+def check_context(context_length: int | None, prompt_tokens: int, max_tokens: int, param: str) -> None:
+    """Raise `context_exceeded` when prompt + max_tokens is over the model's context length.
+
+    >>> check_context(4096, 4032, 64, "messages")
+    >>> try:
+    ...     check_context(4096, 4040, 64, "messages")
+    ... except ApiError as exc:
+    ...     print(exc.status, exc.code)
+    400 context_length_exceeded
+    """
+    if context_length is not None and prompt_tokens + max_tokens > context_length:
+        raise context_exceeded(context_length, prompt_tokens, max_tokens, param)
 
 
 def bad(param: str, value: Any, expected: str) -> ApiError:
@@ -154,7 +227,7 @@ def parse_completion(body: Any, models: set[str], vocab_size: int) -> TokenReque
     if not isinstance(body, dict):
         raise bad("body", body, "a JSON object")
     model = body.get("model")
-    if model not in models:
+    if not isinstance(model, str) or model not in models:
         raise ApiError(
             404, f"model: {model!r} is not served here (serving {sorted(models)})", "model", "not_found_error"
         )
@@ -162,7 +235,7 @@ def parse_completion(body: Any, models: set[str], vocab_size: int) -> TokenReque
     if (
         not isinstance(prompt, list)
         or not prompt
-        or not all(isinstance(t, int) and 0 <= t < vocab_size for t in prompt)
+        or not all(type(t) is int and 0 <= t < vocab_size for t in prompt)
     ):
         raise bad("prompt", prompt, f"a non-empty list of token ids in [0, {vocab_size})")
     return TokenRequest(model=model, prompt_ids=prompt, sampling=_sampling(body))
@@ -171,29 +244,66 @@ def parse_completion(body: Any, models: set[str], vocab_size: int) -> TokenReque
 def _messages(messages: Any) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise bad("messages", messages, "a non-empty list of messages")
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        if not isinstance(message, dict):
-            raise bad(where, message, "an object with role and content")
-        if message.get("role") not in ROLES:
-            raise bad(f"{where}.role", message.get("role"), f"one of {sorted(ROLES)}")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise bad(f"{where}.content", content, "a string, a list of parts or null")
-    return [_plain(message) for message in messages]
+    return [_message(message, f"messages[{index}]") for index, message in enumerate(messages)]
 
 
-def _plain(message: dict) -> dict:
-    """A message as the chat template reads it: text parts joined, OpenAI-only fields dropped."""
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    plain = {"role": message["role"], "content": content or ""}
-    if message.get("tool_calls"):
-        plain["tool_calls"] = message["tool_calls"]
-    if message.get("tool_call_id"):
-        plain["tool_call_id"] = message["tool_call_id"]
+def _message(message: Any, where: str) -> dict:
+    """A message as the chat template reads it (text parts joined, OpenAI-only fields dropped),
+    after checking every field the template reads."""
+    if not isinstance(message, dict):
+        raise bad(where, message, "an object with role and content")
+    if not isinstance(message.get("role"), str) or message["role"] not in ROLES:
+        raise bad(f"{where}.role", message.get("role"), f"one of {sorted(ROLES)}")
+    plain = {"role": message["role"], "content": _content(message.get("content"), f"{where}.content")}
+    tool_calls = message.get("tool_calls")
+    if tool_calls is not None:
+        calls = _tool_calls(tool_calls, f"{where}.tool_calls")
+        if calls:
+            plain["tool_calls"] = calls
+    tool_call_id = message.get("tool_call_id")
+    if tool_call_id is not None and not isinstance(tool_call_id, str):
+        raise bad(f"{where}.tool_call_id", tool_call_id, "a string")
+    if tool_call_id:
+        plain["tool_call_id"] = tool_call_id
     return plain
+
+
+def _content(content: Any, where: str) -> str:
+    """A string, null, or a list of text parts (`{"type": "text", "text": ...}`), joined: the
+    model reads text only."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise bad(where, content, "a string, a list of text parts or null")
+    texts = []
+    for index, part in enumerate(content):
+        if (
+            not isinstance(part, dict)
+            or part.get("type", "text") != "text"
+            or not isinstance(part.get("text"), str)
+        ):
+            raise bad(f"{where}[{index}]", part, 'a text part {"type": "text", "text": "..."}')
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict]:
+    """OpenAI `tool_calls`: function calls with a name and arguments (a JSON string or an object)."""
+    if not isinstance(calls, list):
+        raise bad(where, calls, "a list of tool calls")
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments", "{}"), str | dict)
+        ):
+            raise bad(
+                f"{where}[{index}]",
+                call,
+                'a tool call {"type": "function", "function": {"name": "...", "arguments": "{...}"}}',
+            )
+    return calls
 
 
 def _tools(tools: Any) -> list[dict] | None:
@@ -210,8 +320,9 @@ def _tools(tools: Any) -> list[dict] | None:
 
 def _sampling(body: dict) -> SamplingParams:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    temperature = _float(body, "temperature", 1.0, 0.0, 2.0)
     return SamplingParams(
-        temperature=_float(body, "temperature", 1.0, 0.0, 2.0),
+        temperature=temperature if temperature >= MIN_TEMPERATURE else 0.0,  # greedy: its limit
         top_p=_float(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
         top_k=_int(body, "top_k", 0, 0, 1_000_000),
         max_tokens=_int({"max_tokens": max_tokens}, "max_tokens", 64, 1, MAX_TOKENS_LIMIT),

@@ -27,17 +27,24 @@ def build_service(config: PolicyConfig, base_dir: Path, bootstrap_servers: str, 
     """The engine with the adapter to serve at start, and the service recording through the SDK."""
     from producers.policy.engine import LocalEngine
     from producers.policy.service import PolicyService
+    from producers.redaction_settings import load_redactor
 
     if config.upstream:
         from producers.policy.upstream import UpstreamEngine
 
-        return PolicyService(
-            UpstreamEngine(config.upstream, base_dir), _recorder(config, bootstrap_servers, data_dir)
+        engine = UpstreamEngine(config.upstream, base_dir)
+    else:
+        adapter = (
+            Path(config.adapter) if config.adapter else latest_checkpoint(_checkpoints(config, data_dir))
         )
-    adapter = Path(config.adapter) if config.adapter else latest_checkpoint(_checkpoints(config, data_dir))
-    version = _version_of(adapter) if adapter else "base"
-    engine = LocalEngine(base_dir, adapter=adapter, version=version, device=config.device)
-    return PolicyService(engine, _recorder(config, bootstrap_servers, data_dir))
+        version = _version_of(adapter) if adapter else "base"
+        engine = LocalEngine(base_dir, adapter=adapter, version=version, device=config.device)
+    return PolicyService(
+        engine,
+        _recorder(config, bootstrap_servers, data_dir),
+        redactor=load_redactor(None, data_dir),  # the recorder's: same settings file, same object
+        episode_context_tokens=config.episode_context_tokens,
+    )
 
 
 def _recorder(config: PolicyConfig, bootstrap_servers: str, data_dir: Path):
@@ -70,6 +77,7 @@ def run(
     from producers.policy.reload import PolicyReloader
     from producers.policy.server import serve
 
+    config.check_exposure(host)  # before loading anything: a refusal is immediate
     service = build_service(config, base_dir, bootstrap_servers, data_dir)
     follow = config.follow and not config.upstream  # an upstream server reloads itself
     reloader = PolicyReloader(service, bootstrap_servers).start() if follow else None

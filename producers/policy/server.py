@@ -19,10 +19,20 @@ Endpoints:
 - `GET /v1/models`, `GET /healthz`.
 
 Every response carries the header `x-agentstream-policy-version` (and `policy_version` in the
-body). Errors are OpenAI-style JSON: 400 naming the field and the value, 401 (a key is configured
-and the request has none or a wrong one; same key handling as the gateway), 404 unknown model,
-413 over the size limit. Binds 127.0.0.1 by default. The pure parts are `requests.py` (config,
-request checks), `turns.py` (token-in prompts), `service.py` (one completion, recording).
+body). Errors are OpenAI-style JSON: 400 naming the field and the value (`context_length_exceeded`
+as its code when the prompt and `max_tokens` do not fit the model), 401 (a key is configured and
+the request has none or a wrong one; same key handling as the gateway), 404 unknown model, 413 over
+the size limit, 415 a POST whose Content-Type is not application/json, 421 a Host header that is
+not this server's, 500 (OpenAI-style too) for what the server did not expect.
+
+What a web page can send is refused (issue #34): a page can POST `text/plain` or a form to
+127.0.0.1 without a preflight (415), and a DNS-rebinding page reaches it under its own host name
+(421: accepted are `localhost`, `127.0.0.1` and `[::1]` with the port the request came in on, the
+address the request came in on, and `--allowed-hosts`). Binds 127.0.0.1 by default, and refuses to
+start on another address without API keys. The agentstream headers are bounded: the step index is
+ASCII digits up to `MAX_STEP_INDEX`, a trajectory id at most `MAX_ID_CHARS` characters. `/healthz`
+answers whatever the Host, without a key. The pure parts are `requests.py` (config, request
+checks), `turns.py` (token-in prompts), `service.py` (one completion, recording).
 """
 
 from __future__ import annotations
@@ -35,7 +45,15 @@ import orjson
 
 from producers.gateway_requests import key_allowed, presented_key
 from producers.http import serve_app
-from producers.policy.requests import ApiError, PolicyConfig, parse_chat, parse_completion
+from producers.policy.requests import (
+    LOOPBACK_HOSTS,
+    ApiError,
+    PolicyConfig,
+    check_context,
+    parse_chat,
+    parse_completion,
+)
+from schemas.limits import MAX_ID_CHARS, MAX_STEP_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +98,10 @@ def _middleware():
     @web.middleware
     async def errors(request, handler):
         try:
-            _check_key(request)
+            if request.path != "/healthz":
+                _check_host(request)
+                _check_key(request)
+                _check_content_type(request)
             return await handler(request)
         except ApiError as exc:
             return _json(exc.status, exc.body())
@@ -89,8 +110,62 @@ def _middleware():
             return _json(413, ApiError(413, message, "body").body())
         except web.HTTPException as exc:
             return _json(exc.status, ApiError(exc.status, exc.reason or "error", None).body())
+        except Exception:  # a bug: the client still gets OpenAI's error shape, the log the traceback
+            log.exception("policy server: %s %s failed", request.method, request.path)
+            return _json(500, ApiError(500, "internal server error", None, "server_error").body())
 
     return errors
+
+
+def _check_host(request) -> None:
+    """421 unless the Host header names this server (see the module docstring)."""
+    host = request.headers.get("Host", "")
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    local = sockname[:2] if sockname else ("", 0)
+    if not host_allowed(host, local[0], local[1], request.app["config"].allowed_hosts):
+        raise ApiError(
+            421,
+            f"Host: {host[:MAX_ID_CHARS]!r} is not this server's (localhost, 127.0.0.1 or [::1] with "
+            f"port {local[1]}, or --allowed-hosts)",
+            "Host",
+        )
+
+
+def host_allowed(host: str, local_address: str, port: int, allowed: tuple[str, ...]) -> bool:
+    """Whether a Host header names this server.
+
+    >>> host_allowed("localhost:8000", "127.0.0.1", 8000, ())
+    True
+    >>> host_allowed("evil.example:8000", "127.0.0.1", 8000, ())
+    False
+    >>> host_allowed("localhost:9", "127.0.0.1", 8000, ())
+    False
+    >>> host_allowed("policy.internal:8000", "10.0.0.5", 8000, ("policy.internal",))
+    True
+    """
+    host = host.strip().lower()
+    if host.startswith("["):
+        name, _, rest = host[1:].partition("]")
+        given = rest[1:] if rest.startswith(":") else ""
+    else:
+        name, _, given = host.partition(":")
+    if not name:
+        return False
+    same_port = given == str(port) or (not given and port == 80)
+    if same_port and (name in LOOPBACK_HOSTS or name == local_address.lower()):
+        return True
+    return host in allowed or name in allowed
+
+
+def _check_content_type(request) -> None:
+    """415 for a POST that is not JSON: `text/plain` and form bodies are what a web page can send
+    cross-origin without a preflight."""
+    if request.method == "POST" and request.content_type != "application/json":
+        raise ApiError(
+            415,
+            f"Content-Type: expected application/json, got {request.headers.get('Content-Type', '')[:100]!r}",
+            "Content-Type",
+        )
 
 
 def _check_key(request) -> None:
@@ -103,11 +178,12 @@ def _check_key(request) -> None:
 
 async def _chat(request):
     service = request.app["service"]
-    body = await _body(request)
-    chat = parse_chat(body, service.models())
-    trajectory_id = request.match_info.get("trajectory_id") or request.headers.get(TRAJECTORY_HEADER)
+    trajectory_id = _trajectory_id(request)
     step_index = _step_index(request.headers.get(STEP_HEADER))
     client_records = _client_records(request.headers.get(RECORD_HEADER))
+    body = await _body(request)
+    chat = parse_chat(body, service.models())
+    service.precheck(chat)  # a prompt surely too long is refused here, never tokenised
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(
         request.app["pool"], service.complete, chat, trajectory_id, step_index, client_records
@@ -115,11 +191,35 @@ async def _chat(request):
     return _json(200, result.body, result.policy_version)
 
 
-def _step_index(value: str | None) -> int | None:
+def _trajectory_id(request) -> str | None:
+    if "trajectory_id" in request.match_info:
+        value, param = request.match_info["trajectory_id"], "trajectory_id"
+    else:
+        value, param = request.headers.get(TRAJECTORY_HEADER), TRAJECTORY_HEADER
     if value is None:
         return None
-    if not value.isdigit():
-        raise ApiError(400, f"{STEP_HEADER}: expected a step index (0, 1, ...), got {value!r}", STEP_HEADER)
+    if not 0 < len(value) <= MAX_ID_CHARS or not value.isprintable():
+        raise ApiError(
+            400,
+            f"{param}: expected a trajectory id of 1 to {MAX_ID_CHARS} printable characters, "
+            f"got {value[:MAX_ID_CHARS]!r} ({len(value)} characters)",
+            param,
+        )
+    return value
+
+
+def _step_index(value: str | None) -> int | None:
+    """The header as a step index: ASCII digits (`isdigit` alone takes `²`), at most MAX_STEP_INDEX."""
+    if value is None:
+        return None
+    digits = len(str(MAX_STEP_INDEX))
+    if not (value.isascii() and value.isdigit() and len(value) <= digits and int(value) <= MAX_STEP_INDEX):
+        raise ApiError(
+            400,
+            f"{STEP_HEADER}: expected a step index from 0 to {MAX_STEP_INDEX} (ASCII digits), "
+            f"got {value[:40]!r}",
+            STEP_HEADER,
+        )
     return int(value)
 
 
@@ -135,6 +235,8 @@ async def _completions(request):
     service = request.app["service"]
     body = await _body(request)
     tokens = parse_completion(body, service.models(), len(service.engine.tokenizer))
+    limit = getattr(service.engine, "context_length", None)
+    check_context(limit, len(tokens.prompt_ids), tokens.sampling.max_tokens, "prompt")
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(request.app["pool"], service.complete_tokens, tokens)
     return _json(200, result.body, result.policy_version)
@@ -162,7 +264,13 @@ async def _models(request):
 
 async def _healthz(request):
     service = request.app["service"]
-    return _json(200, {"status": "ok", "policy_version": service.engine.version}, service.engine.version)
+    body = {
+        "status": "ok",
+        "policy_version": service.engine.version,
+        "steps_tokens_withheld": service.tokens_withheld,
+        "episode_context_tokens": service.episodes.tokens,
+    }
+    return _json(200, body, service.engine.version)
 
 
 async def serve(config: PolicyConfig, service, host: str, port: int, ready_file: str | None = None) -> None:

@@ -7,6 +7,13 @@ records the step through the SDK's no-loss delivery (spooled when the broker is 
 the OpenAI response body with its `policy_version`. With `client_records=True` the step is not
 published: the same `step_event` fields go back in the body's `agentstream` object (`client_fields`)
 for the caller to record with its observation.
+
+Bounds (issue #34): a prompt that with `max_tokens` does not fit the model's context length is
+refused with OpenAI's `context_length_exceeded` before any model work: first by a lower bound of its
+token count taken from its size (`precheck`, on the event loop: a 4 MB prompt never reaches the
+tokenizer), then exactly once it is tokenised. The episodes' token contexts are bounded in tokens
+(`Episodes`). Redaction reaches the tokens: a step whose prompt or completion holds a secret is
+recorded without token ids or logprobs and marked not token-trainable (`withhold_tokens`).
 """
 
 from __future__ import annotations
@@ -17,9 +24,10 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from producers.policy.requests import ChatRequest, TokenRequest
+from producers.policy.requests import ChatRequest, TokenRequest, check_context, context_exceeded
 from producers.policy.tool_calls import ParsedCompletion, parse
 from producers.policy.turns import Episodes, Prompt, build_prompt
+from producers.redaction import Redactor, withhold_tokens
 from schemas.events import StepRecorded, utc_now
 from schemas.ids import new_event_id
 
@@ -38,10 +46,18 @@ class Completion:
 class PolicyService:
     """Serves `engine` (swapped by `swap` on reload) and records with `recorder` (None: off)."""
 
-    def __init__(self, engine, recorder=None):
+    def __init__(
+        self,
+        engine,
+        recorder=None,
+        redactor: Redactor | None = None,
+        episode_context_tokens: int = 8 * 1024 * 1024,
+    ):
         self._engine = engine
         self.recorder = recorder
-        self.episodes = Episodes()
+        self.redactor = redactor or getattr(recorder, "redactor", None) or Redactor.default()
+        self.episodes = Episodes(token_budget=episode_context_tokens)
+        self.tokens_withheld = 0  # steps recorded without their token ids (a secret in them)
         self._swap_lock = threading.Lock()
 
     @property
@@ -56,6 +72,19 @@ class PolicyService:
 
     def models(self) -> set[str]:
         return {self._engine.model_name, "policy"}
+
+    def precheck(self, request: ChatRequest) -> None:
+        """Refuse, without tokenising, a request whose messages alone are surely too long: their
+        UTF-8 size over the most bytes one token can stand for is a lower bound of their tokens
+        (over 3 more: a normaliser may shorten text, NFC composes at most 3 bytes into 1)."""
+        engine = self._engine
+        limit, longest = getattr(engine, "context_length", None), getattr(engine, "longest_token_bytes", None)
+        if limit is None or not longest:
+            return
+        size = sum(len(m["content"].encode()) for m in request.messages)
+        at_least = size // (longest * 3)
+        if at_least + request.sampling.max_tokens > limit:
+            raise context_exceeded(limit, at_least, request.sampling.max_tokens, "messages")
 
     def complete(
         self,
@@ -81,8 +110,9 @@ class PolicyService:
             samples, latency_ms = _generate(engine, prompt, request)
             step_index = state.next_step if step_index is None else step_index
             state.next_step = step_index + 1
-            state.contexts = [[*prompt.token_ids, *s.token_ids] for s in samples]
+            self.episodes.store(trajectory_id, state, [[*prompt.token_ids, *s.token_ids] for s in samples])
         event = step_event(engine, request, prompt, samples, trajectory_id, step_index, latency_ms)
+        event = self._redacted(engine, prompt, event)
         body = response_body(engine, request, prompt, samples)
         recorded = False
         if client_records:
@@ -96,8 +126,25 @@ class PolicyService:
         """`/v1/completions`, token in and token out (what the recording proxy calls upstream);
         not recorded: the proxy in front records."""
         engine = self._engine
+        limit = getattr(engine, "context_length", None)
+        check_context(limit, len(request.prompt_ids), request.sampling.max_tokens, "prompt")
         samples = engine.generate(request.prompt_ids, request.sampling)
         return Completion(token_body(engine, request, samples), engine.version, False)
+
+    def _redacted(self, engine, prompt: Prompt, event: StepRecorded) -> StepRecorded:
+        """`event` redacted as the recorder would (its token ids withheld when its text held a
+        secret), and withheld too when the prompt the model saw holds one: the token ids of a
+        prompt are its text. Done here, not only in the recorder, so that client-records replies
+        carry no secret's tokens either."""
+        event = self.redactor.redact_event(event)
+        if event.token_ids is not None and self.redactor.enabled:
+            found = self.redactor.redact_text(engine.decode(list(prompt.token_ids)))[1]
+            if found:
+                event = withhold_tokens(event, found)
+        if event.token_ids is None:
+            with self._swap_lock:
+                self.tokens_withheld += 1
+        return event
 
 
 def token_body(engine, request: TokenRequest, samples) -> dict:
@@ -133,6 +180,8 @@ def version_of(engine, samples) -> str:
 
 
 def _generate(engine, prompt: Prompt, request: ChatRequest):
+    limit = getattr(engine, "context_length", None)
+    check_context(limit, len(prompt.token_ids), request.sampling.max_tokens, "messages")
     started = time.perf_counter()
     samples = engine.generate(prompt.token_ids, request.sampling)
     return samples, (time.perf_counter() - started) * 1000.0

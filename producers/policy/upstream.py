@@ -15,7 +15,14 @@ import logging
 import threading
 from pathlib import Path
 
-from producers.policy.engine import EngineError, Sample, SamplingParams, tokenizer_hash
+from producers.policy.engine import (
+    EngineError,
+    Sample,
+    SamplingParams,
+    context_length,
+    longest_token_bytes,
+    tokenizer_hash,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +52,8 @@ class UpstreamEngine:
         if not self.tokenizer.chat_template:
             raise EngineError(f"tokenizer {base}: the tokenizer has no chat template")
         self.tokenizer_hash = tokenizer_hash(self.tokenizer, base)
+        self.context_length = context_length(self.tokenizer, _model_config(base))
+        self.longest_token_bytes = longest_token_bytes(self.tokenizer)
         self.version = upstream_version
         self._client = httpx.Client(timeout=timeout_s)
         self.tokenizer_lock = threading.Lock()  # fast tokenizers are not thread-safe
@@ -118,3 +127,15 @@ class UpstreamEngine:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _model_config(base: Path):
+    """The model's config beside its tokenizer, when it is there (for its context length)."""
+    if not (base / "config.json").is_file():
+        return None
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(base)
+    except (OSError, ValueError):
+        return None

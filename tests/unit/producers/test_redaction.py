@@ -7,14 +7,8 @@ from __future__ import annotations
 import pytest
 
 from producers.errors import ProducerError
-from producers.redaction import (
-    BUILTIN_NAMES,
-    Redactor,
-    load_redactor,
-    load_settings,
-    parse_section,
-    settings_file,
-)
+from producers.redaction import BUILTIN_NAMES, Redactor
+from producers.redaction_settings import load_redactor, load_settings, parse_section, settings_file
 from schemas.codec import decode, encode
 from schemas.events import EpisodeEnded, EpisodeStarted, FeedbackAnnotation, StepRecorded, utc_now
 
@@ -114,8 +108,9 @@ def test_a_step_is_redacted_in_every_free_text_field_and_counted():
     assert out.params == {"headers": {"Authorization": "Bearer [REDACTED:bearer_token]"}, "n": 3}
     assert out.observation == "[REDACTED:private_key]"
     assert out.error == "login as [REDACTED:email] failed"
-    assert out.samples == [{"text": "[REDACTED:github_token]", "token_ids": [1, 2]}]
-    assert (out.event_id, out.tool, out.token_ids) == ("e1", "bash", [5, 6])
+    # the token ids spell the secrets too (#34 item 16): withheld, the step not token-trainable
+    assert out.samples == [{"text": "[REDACTED:github_token]"}]
+    assert (out.event_id, out.tool, out.token_ids, out.token_rl_eligible) == ("e1", "bash", None, False)
     decoded = decode(encode(out))
     assert decoded.redactions == 5 and AWS_KEY.encode() not in encode(out)
 
