@@ -22,6 +22,15 @@ Duplicate-free replay (the guarantee, precisely):
   in order and keeps that order across retries. Only a record that failed while a *later* record
   of the same partition was stored, in the same chunk, can be re-sent after that later one; the
   steps keep their `step_index`.
+
+Log volume during an outage: the SDK's own lines are one when delivery starts failing, a reminder
+every `OUTAGE_REMINDER_S` and one when it works again. The Kafka clients log every retry (aiokafka
+retries a pending send every 100 ms with 3-4 ERROR/WARNING lines each: about 1,200 lines on stderr
+in a 30-second outage under `logging.basicConfig(level=INFO)`), so the lines the clients log *from
+the delivery thread* go through `ClientLogLimiter`: each distinct line (logger, level, format
+string) is written at most once per `OUTAGE_REMINDER_S`, the repeats are counted and the SDK's own
+outage lines report the count. DEBUG records, and every line the application's own Kafka clients log
+from its other threads, pass untouched.
 """
 
 from __future__ import annotations
@@ -42,6 +51,54 @@ log = logging.getLogger(__name__)
 
 
 OUTAGE_REMINDER_S = 60.0
+_CLIENT_LOGGERS = ("aiokafka", "kafka")  # the top-level logger names of the two Kafka clients
+
+
+class ClientLogLimiter(logging.Filter):
+    """Writes each distinct INFO-or-above line the Kafka clients log from one thread (the SDK's
+    delivery thread) at most once per `window_s`, and counts the repeats it holds back.
+
+    Rate-limiting beats raising the clients' retry backoff: a slower retry still writes a line per
+    retry (unbounded in the outage's length) and delays recovery; and it beats raising the clients'
+    logger levels, which would also hide the first line of each kind and the application's own
+    clients. Attached to the client loggers by `SpoolDelivery`, detached by its `close()`.
+    """
+
+    def __init__(self, window_s: float):
+        super().__init__()
+        self.window_s = window_s
+        self.thread_id = threading.get_ident()
+        self.suppressed = 0
+        self._last_written: dict[tuple[str, int, str], float] = {}
+        self._loggers: set[logging.Logger] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread != self.thread_id or record.levelno < logging.INFO:
+            return True
+        key = (record.name, record.levelno, str(record.msg))  # the format string, not its arguments
+        last = self._last_written.get(key)
+        if last is not None and record.created - last < self.window_s:
+            self.suppressed += 1
+            return False
+        if len(self._last_written) >= 1024:  # bounded: a client that logs many kinds of line
+            self._last_written.clear()
+        self._last_written[key] = record.created
+        return True
+
+    def attach(self) -> None:
+        """Attach to every client logger that exists now. A logger's filter sees only the records
+        logged on that logger, not those its children propagate, so each one gets it; called again
+        after each (re)connect, since client modules imported later create loggers of their own."""
+        for name, logger in list(logging.root.manager.loggerDict.items()):
+            ours = isinstance(logger, logging.Logger) and name.split(".", 1)[0] in _CLIENT_LOGGERS
+            if ours and logger not in self._loggers:
+                logger.addFilter(self)
+                self._loggers.add(logger)
+
+    def detach(self) -> None:
+        for logger in self._loggers:
+            logger.removeFilter(self)
+        self._loggers.clear()
 
 
 @dataclass(frozen=True)
@@ -85,18 +142,21 @@ class SpoolDelivery:
         self._outage_since: float | None = None
         self._last_reminder = 0.0
         self._failed_attempts = 0
+        self.client_log = ClientLogLimiter(OUTAGE_REMINDER_S)
 
     # --- one step ---------------------------------------------------------------------------------
 
     def deliver_once(self) -> int:
         """Deliver the next chunk (or finish an in-doubt one). Returns how many records the broker
         acknowledged; 0 when the spool is drained. Raises on failure (nothing is lost: retry later)."""
+        self.client_log.thread_id = threading.get_ident()  # the thread that talks to the broker
         delivered = self._deliver_once()
         if self._outage_since is not None:
             log.warning(
-                "spool %s: delivery to %s works again after %.0fs and %d failed attempts",
+                "spool %s: delivery to %s works again after %.0fs and %d failed attempts "
+                "(%d repeated Kafka client log lines held back)",
                 self.spool.directory, self.config.bootstrap_servers,
-                time.monotonic() - self._outage_since, self._failed_attempts,
+                time.monotonic() - self._outage_since, self._failed_attempts, self.client_log.suppressed,
             )  # fmt: skip
             self._outage_since = None
         return delivered
@@ -214,7 +274,8 @@ class SpoolDelivery:
 
     def _get_producer(self) -> BatchSender:
         """The connected batch sender; raises within `connect_timeout_ms` while the broker is away."""
-        if self._producer is None:
+        fresh = self._producer is None
+        if fresh:
             cfg = self.config
             self._producer = BatchSender(
                 SenderConfig(
@@ -225,7 +286,12 @@ class SpoolDelivery:
                     connect_timeout_ms=cfg.connect_timeout_ms,
                 )
             )
-        self._producer.connect()
+            self.client_log.attach()  # before connecting: that is where a down broker is logged
+        try:
+            self._producer.connect()
+        finally:
+            if fresh:
+                self.client_log.attach()  # the loggers of the client modules a first connect imports
         return self._producer
 
     def _get_consumer(self):
@@ -264,7 +330,10 @@ class SpoolDelivery:
                 except Exception:  # closing a broken client must not mask the original failure
                     log.debug("error closing a kafka client", exc_info=True)
 
-    close = reset
+    def close(self) -> None:
+        """Drop the clients and stop filtering their log lines."""
+        self.reset()
+        self.client_log.detach()
 
     # --- loops ------------------------------------------------------------------------------------
 
@@ -305,8 +374,10 @@ class SpoolDelivery:
         elif now - self._last_reminder >= OUTAGE_REMINDER_S:
             self._last_reminder = now
             log.warning(
-                "%s still failing after %.0fs and %d attempts, %d events kept in the spool: %s",
-                where, now - self._outage_since, self._failed_attempts, self.spool.pending, exc,
+                "%s still failing after %.0fs and %d attempts, %d events kept in the spool "
+                "(%d repeated Kafka client log lines held back): %s",
+                where, now - self._outage_since, self._failed_attempts, self.spool.pending,
+                self.client_log.suppressed, exc,
             )  # fmt: skip
         else:
             log.debug("%s failed again, retrying in %.1fs: %s", where, backoff, exc)
