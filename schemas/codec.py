@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
+from schemas.bounded import UINT32_MAX
 from schemas.errors import DecodeError, FieldError
 from schemas.events import EVENT_MODELS, EVENT_TYPES, SCHEMA_MAJOR, Event, EventBase
 from schemas.limits import MAX_EVENT_BYTES, MAX_JSON_DEPTH, json_depth
@@ -95,6 +96,8 @@ def validate(raw: Any, strict: bool = False) -> Event:
     model = EVENT_MODELS[event_type]
     if strict:
         _check_unknown_fields(raw, model, event_type)
+        if event_type == "step.recorded":
+            _check_token_ids(raw, event_type)
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
@@ -138,6 +141,42 @@ def _check_unknown_fields(raw: dict, model: type[EventBase], event_type: str) ->
     if unknown:
         errors = [FieldError(name, _abbreviated(raw[name]), "unknown field") for name in unknown]
         raise DecodeError(errors, event_type)
+
+
+def _check_token_ids(raw: dict, event_type: str) -> None:
+    """Token ids index a vocabulary: a negative one would index an embedding table from its end, one
+    past UINT32_MAX fits no vocabulary (the models check the lists' lengths and types)."""
+    lists = [(name, raw.get(name)) for name in ("token_ids", "prompt_token_ids")]
+    samples = raw.get("samples")
+    if isinstance(samples, list):
+        lists += [
+            (f"samples.{i}.token_ids", s.get("token_ids"))
+            for i, s in enumerate(samples)
+            if isinstance(s, dict)
+        ]
+    errors = []
+    for name, ids in lists:
+        if not isinstance(ids, list) or not ids:
+            continue
+        try:
+            low, high = min(ids), max(ids)
+        except TypeError:
+            low = high = None
+        if not (_is_number(low) and _is_number(high)):
+            # not all numbers (all strings compare too): the model names a step's own; a sample's
+            # are free-form
+            numbers = [i for i in ids if _is_number(i)]
+            low, high = (min(numbers), max(numbers)) if numbers else (0, 0)
+        bad = low if low < 0 else high if high > UINT32_MAX else None
+        if bad is not None:
+            message = f"token id {bad} is outside 0..{UINT32_MAX}"
+            errors.append(FieldError(name, bad, message))
+    if errors:
+        raise DecodeError(errors, event_type)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def field_errors(exc: ValidationError, raw: Any = None) -> list[FieldError]:

@@ -16,20 +16,29 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
-from schemas.bounded import Id, JsonDict, JsonItem, Logprobs, StepCount, StepIndex, Text, TokenIds
+from schemas.bounded import (
+    ByteCount,
+    Count,
+    Id,
+    Int64,
+    JsonDict,
+    JsonItem,
+    Logprobs,
+    NonNegFloat,
+    Score,
+    StepCount,
+    StepIndex,
+    Text,
+    TokenIds,
+)
 from schemas.limits import MAX_STEPS
 
 SCHEMA_MAJOR = 1
 # 1.1: `redactions` on the events that carry free text (issue #18)
 # 1.2: reward layers on `trajectory.scored`: per step `layers` / `missing_layers`, and the
 #      trajectory's `reward_definition` (issue #17)
-# 1.3: bounds on every field that sizes work (`schemas.limits`); `payload_bytes`, `payload_sha256`
-#      and `payload_truncated` on `dead.letter` (issue #34)
+# 1.3: bounds on the fields that size work (`schemas.limits`); dead.letter's payload summary (#34)
 SCHEMA_VERSION = f"{SCHEMA_MAJOR}.3"
-
-Score = Annotated[float, Field(ge=0.0, le=1.0)]
-NonNegInt = Annotated[int, Field(ge=0)]
-NonNegFloat = Annotated[float, Field(ge=0.0)]
 
 REDACTIONS_HELP = "secrets replaced by a [REDACTED:<detector>] placeholder before publishing (since 1.1)"
 
@@ -70,7 +79,7 @@ class EpisodeStarted(EventBase):
     group_id: Id | None = Field(None, description="rollouts of one task sampled together (GRPO groups)")
     reference_steps: StepCount | None = Field(None, description="reference step count, for efficiency")
     metadata: JsonDict = Field(default_factory=dict)
-    redactions: NonNegInt = Field(0, description=REDACTIONS_HELP)
+    redactions: Count = Field(0, description=REDACTIONS_HELP)
 
 
 class StepRecorded(EventBase):
@@ -80,12 +89,12 @@ class StepRecorded(EventBase):
     tool: Id = ""
     params: JsonDict = Field(default_factory=dict)
     observation: Text = ""
-    exit_code: int | None = None
+    exit_code: Int64 | None = None
     error: Text | None = None
     model: Id = ""
     policy_version: Id | None = None
-    input_tokens: NonNegInt | None = None
-    output_tokens: NonNegInt | None = None
+    input_tokens: Count | None = None
+    output_tokens: Count | None = None
     latency_ms: NonNegFloat | None = None
     token_ids: TokenIds | None = Field(None, description="sampled token ids, for on-policy RL")
     logprobs: Logprobs | None = Field(None, description="logprobs of token_ids, same length")
@@ -96,7 +105,7 @@ class StepRecorded(EventBase):
         description="the prompt's token ids as a delta: the tokens from prompt_delta_start on "
         "(the whole prompt on an episode's first turn)",
     )
-    prompt_delta_start: NonNegInt | None = Field(
+    prompt_delta_start: Count | None = Field(
         None,
         description="where the delta starts in the previous turn's prompt + completion tokens: the "
         "prompt the model saw is that context[:prompt_delta_start] + prompt_token_ids",
@@ -108,7 +117,7 @@ class StepRecorded(EventBase):
         description="first: no previous turn known; ok: the prompt extends the previous prompt + "
         "completion token for token; broken: it does not (history re-rendered), see token_continuity_break",
     )
-    token_continuity_break: NonNegInt | None = Field(
+    token_continuity_break: Count | None = Field(
         None, description="first position where the prompt differs from the previous context"
     )
     token_rl_eligible: bool | None = Field(
@@ -121,7 +130,7 @@ class StepRecorded(EventBase):
     samples: Annotated[list[JsonItem], Field(max_length=MAX_STEPS)] | None = Field(
         None, description="n > 1: the other samples ({token_ids, logprobs, finish_reason, text})"
     )
-    redactions: NonNegInt = Field(0, description=REDACTIONS_HELP)
+    redactions: Count = Field(0, description=REDACTIONS_HELP)
 
 
 class EpisodeEnded(EventBase):
@@ -134,13 +143,13 @@ class EpisodeEnded(EventBase):
     truncated: bool = False
     total_steps: StepCount | None = None
     error: Text | None = Field(None, description="why the episode failed, when it raised")
-    input_tokens: NonNegInt | None = Field(None, description="episode total, when the producer knows it")
-    output_tokens: NonNegInt | None = Field(None, description="episode total, when the producer knows it")
+    input_tokens: Count | None = Field(None, description="episode total, when the producer knows it")
+    output_tokens: Count | None = Field(None, description="episode total, when the producer knows it")
     cost_usd: NonNegFloat | None = Field(None, description="model cost of the episode, when known")
     outcome_source: Id | None = Field(
         None, description="where success/score came from (e.g. 'info.exit_status'); 'unknown': not stated"
     )
-    redactions: NonNegInt = Field(0, description=REDACTIONS_HELP)
+    redactions: Count = Field(0, description=REDACTIONS_HELP)
 
 
 # --- reward.rule --------------------------------------------------------------------------------
@@ -164,8 +173,8 @@ class RuleRewardStep(EventBase):
 class _JudgeCost(EventBase):
     judge_model: str
     prompt_version: str
-    input_tokens: NonNegInt = 0
-    output_tokens: NonNegInt = 0
+    input_tokens: Count = 0
+    output_tokens: Count = 0
     cost_usd: NonNegFloat = 0.0
     latency_ms: NonNegFloat = 0.0
     cached: bool = False
@@ -196,10 +205,10 @@ class JudgeFailed(EventBase):
     step_index: StepIndex | None = None
     judge_model: str = ""
     prompt_version: str = ""
-    attempts: NonNegInt = 0
+    attempts: Count = 0
     retry_at: AwareDatetime | None = None
-    input_tokens: NonNegInt = Field(0, description="tokens paid for a reply that could not be used")
-    output_tokens: NonNegInt = 0
+    input_tokens: Count = Field(0, description="tokens paid for a reply that could not be used")
+    output_tokens: Count = 0
     cost_usd: NonNegFloat = 0.0
 
 
@@ -213,7 +222,7 @@ class FeedbackAnnotation(EventBase):
     score: Score
     annotator: Id = ""
     comment: Text = ""
-    redactions: NonNegInt = Field(0, description=REDACTIONS_HELP)
+    redactions: Count = Field(0, description=REDACTIONS_HELP)
 
 
 class CalibrationUpdated(EventBase):
@@ -230,7 +239,7 @@ class CalibrationUpdated(EventBase):
     xs: list[float] = Field(default_factory=list, description="automatic scores, ascending")
     ys: list[float] = Field(default_factory=list, description="calibrated scores, non-decreasing")
     metrics: dict[str, float] = Field(default_factory=dict, description="pearson, spearman, kendall, ...")
-    n: NonNegInt = 0
+    n: Count = 0
 
 
 # --- trajectory.scored --------------------------------------------------------------------------
@@ -246,7 +255,7 @@ class ScoredStep(BaseModel):
     tool: Id = ""
     params: JsonDict = Field(default_factory=dict)
     observation: Text = ""
-    exit_code: int | None = None
+    exit_code: Int64 | None = None
     error: Text | None = None
     rule_score: Score | None = None
     redundancy: Score | None = None
@@ -256,15 +265,15 @@ class ScoredStep(BaseModel):
     judge_scores: dict[str, Score] = Field(default_factory=dict)
     human_score: Score | None = None
     process_score: Score | None = Field(None, description="combined step reward over present layers")
-    input_tokens: NonNegInt | None = None
-    output_tokens: NonNegInt | None = None
+    input_tokens: Count | None = None
+    output_tokens: Count | None = None
     token_ids: TokenIds | None = None
     logprobs: Logprobs | None = None
     policy_version: str | None = None
     # Token-in/token-out fields of the step as the policy server recorded them (see StepRecorded);
     # what the GRPO builder trains on without re-tokenising. Absent for steps recorded elsewhere.
     prompt_token_ids: TokenIds | None = None
-    prompt_delta_start: NonNegInt | None = None
+    prompt_delta_start: Count | None = None
     token_continuity: Literal["first", "ok", "broken"] | None = None
     event_id: str | None = Field(None, description="the step.recorded event this step came from")
     layers: list[str] = Field(
@@ -303,7 +312,7 @@ class TrajectoryScored(EventBase):
     total_reward: Score | None = None
     complete: bool = True
     missing: list[str] = Field(default_factory=list, description="what was absent when emitted")
-    revision: NonNegInt = 0
+    revision: Count = 0
     reward_version: str = ""
     reward_definition: str = Field(
         "",
@@ -376,7 +385,7 @@ class BatchBuilt(EventBase):
     kind: Literal["sft", "sft_tokenized", "dpo", "dpo_step", "grpo"]
     path: str
     format: Literal["jsonl", "parquet"] = "jsonl"
-    row_count: NonNegInt
+    row_count: Count
     trajectory_ids: list[str] = Field(default_factory=list)
     source_offsets: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="topic -> partition -> next offset covered by this batch"
@@ -401,7 +410,7 @@ class PolicyUpdated(EventBase):
     base_model: str = ""
     checkpoint_path: str = ""
     method: str = ""
-    step: NonNegInt = 0
+    step: Count = 0
     batch_ids: list[str] = Field(default_factory=list)
     metrics: dict[str, float] = Field(
         default_factory=dict,
@@ -420,7 +429,7 @@ class PolicyUpdated(EventBase):
     staleness_histogram: dict[str, int] = Field(
         default_factory=dict, description="versions behind -> GRPO groups admitted at that staleness"
     )
-    dropped_groups: NonNegInt = Field(0, description="GRPO groups dropped whole as too stale")
+    dropped_groups: Count = Field(0, description="GRPO groups dropped whole as too stale")
 
 
 # --- agentstream.dlq ----------------------------------------------------------------------------
@@ -444,7 +453,7 @@ class DeadLetter(EventBase):
         "payload_truncated): utf-8 text, or base64 (see encoding)",
     )
     payload_encoding: Literal["utf-8", "base64"] = "utf-8"
-    payload_bytes: NonNegInt | None = Field(None, description="size of the whole rejected input (since 1.3)")
+    payload_bytes: ByteCount | None = Field(None, description="size of the whole rejected input (since 1.3)")
     payload_sha256: str | None = Field(
         None, max_length=64, description="sha256 hex of the whole rejected input (since 1.3)"
     )

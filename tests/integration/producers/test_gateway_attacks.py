@@ -140,6 +140,23 @@ def test_a_step_index_of_2_pow_32_is_refused_naming_field_value_and_limit(gatewa
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("input_tokens", 2**40), ("output_tokens", 2**32), ("exit_code", 2**63), ("token_ids", [5, -1])],
+)
+def test_a_number_the_store_would_wrap_is_refused_with_a_dead_letter(gateway, field, value):
+    """These got 202 and ClickHouse stored them wrapped (2**40 tokens as 0, exit code 2**63 as -2**63);
+    a negative token id would index an embedding table from its end."""
+    url, broker, _ = gateway
+    traj = f"wrap-{field}-{uuid.uuid4()}"
+    status, answer = post(f"{url}/v1/events", json.dumps([step_json(traj, **{field: value})]))
+    assert status == 400, answer
+    (error,) = answer["errors"]
+    assert error["field"] == field and error["index"] == 0, error
+    assert answer["dead_lettered"] is True and letters_for(broker.bootstrap, traj)
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("depth", [MAX_JSON_DEPTH, 254, 255, 300, 1000, 1019])
 def test_deeply_nested_params_get_400_and_a_dead_letter(gateway, depth):
     """254-255 levels were accepted and then stopped the sink; 256-1022 got a plain-text 500."""

@@ -8,7 +8,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from schemas.codec import decode, decode_checked, encode
+from schemas.bounded import INT64_MAX, INT64_MIN, UINT32_MAX
+from schemas.codec import decode, decode_checked, encode, validate
 from schemas.deadletter import dead_letter
 from schemas.errors import DecodeError
 from schemas.limits import (
@@ -52,6 +53,13 @@ def refused(data: bytes) -> DecodeError:
          "reference_steps", MAX_STEPS),
         (step(tool="t" * (MAX_ID_CHARS + 1)), "tool", MAX_ID_CHARS),
         (step(token_ids=[1] * (MAX_TOKENS_PER_LIST + 1)), "token_ids", MAX_TOKENS_PER_LIST),
+        # the store's columns: ClickHouse stored 2**40 tokens as 0 and an exit code of 2**63 as -2**63
+        (step(input_tokens=2**32), "input_tokens", UINT32_MAX),
+        (step(output_tokens=2**40), "output_tokens", UINT32_MAX),
+        (step(redactions=2**32), "redactions", UINT32_MAX),
+        (step(exit_code=2**63), "exit_code", INT64_MAX),
+        (orjson.dumps({**ENVELOPE, "type": "episode.ended", "success": True, "input_tokens": 2**32}),
+         "input_tokens", UINT32_MAX),
     ],
 )  # fmt: skip
 def test_a_value_over_its_bound_fails_decode_naming_field_value_and_limit(data, field, limit):
@@ -63,6 +71,8 @@ def test_a_value_over_its_bound_fails_decode_naming_field_value_and_limit(data, 
 
 def test_the_bounds_themselves_decode():
     assert decode(step(step_index=MAX_STEP_INDEX)).step_index == MAX_STEP_INDEX
+    edge = decode(step(input_tokens=UINT32_MAX, exit_code=INT64_MIN, token_ids=[0, UINT32_MAX]))
+    assert (edge.input_tokens, edge.exit_code, edge.token_ids) == (UINT32_MAX, INT64_MIN, [0, UINT32_MAX])
     assert decode(nested_params(MAX_JSON_DEPTH - 3)).params  # event 1 + params 1 + 62 arrays = 64
 
 
@@ -107,3 +117,37 @@ def test_a_small_dead_letter_keeps_its_whole_payload():
     letter = dead_letter("sink", "bad", payload, topic="agent.events", partition=0, offset=7)
     assert letter.payload == '{"trajectory_id": "t1"}' and not letter.payload_truncated
     assert letter.trajectory_id == "t1" and letter.payload_bytes == 23
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "bad"),
+    [
+        ({"token_ids": [5, -1, 7]}, "token_ids", -1),
+        ({"prompt_token_ids": [1, 2**32]}, "prompt_token_ids", 2**32),
+        ({"samples": [{"token_ids": [1]}, {"token_ids": [2**40]}]}, "samples.1.token_ids", 2**40),
+    ],
+)
+def test_a_token_id_outside_a_vocabulary_is_refused_where_events_enter(fields, field, bad):
+    """Checked by the producer-side validation (gateway, ingest), not on every decode (per element it
+    would cost a long step 40% more at every hop)."""
+    with pytest.raises(DecodeError) as caught:
+        validate(orjson.loads(step(**fields)), strict=True)
+    [problem] = caught.value.errors
+    assert (problem.field, problem.value) == (field, bad) and str(UINT32_MAX) in problem.message
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"token_ids": ["a", "b"]},
+        {"prompt_token_ids": ["x", -1]},
+        {"samples": [{"token_ids": ["free", "form"]}]},
+    ],
+)
+def test_token_ids_that_are_not_numbers_are_a_decode_error_not_a_crash(fields):
+    """Found by the schemathesis run: a list of strings made the range check compare str with int,
+    a TypeError the gateway answered with a plain 500."""
+    try:
+        validate(orjson.loads(step(**fields)), strict=True)
+    except DecodeError:
+        pass  # the model names a step's own ids; a sample's are free-form and may pass
