@@ -14,15 +14,13 @@ import stat
 import statistics
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
 import pytest
 
 from clients.clickhouse.client import chdb_path, connect, live_endpoint
 from clients.clickhouse.endpoint import endpoint_file, key_file
+from tests.support.counting_server import counting_server
 from tests.support.processes import AGENTSTREAM, Proc, wait_for
 
 pytestmark = pytest.mark.integration
@@ -151,43 +149,12 @@ def test_a_second_host_header_or_an_absolute_target_is_refused(served):
     assert " 403 " in _socket_request(url, b"POST / HTTP/1.0\r\n")  # no Host at all
 
 
-class _Counting(BaseHTTPRequestHandler):
-    hits: list[str]
-
-    def do_GET(self) -> None:
-        self.hits.append(f"{self.command} {self.path}")
-        body = b"secret,from\nthe,inside\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_HEAD = do_GET
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-@contextmanager
-def _counting_server() -> Iterator[tuple[str, list[str]]]:
-    hits: list[str] = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_Counting,), {"hits": hits}))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", hits
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-
 def test_a_reader_cannot_fetch_a_url_through_describe(served):
     """Found: `DESCRIBE url(...)` passed readonly=1 (the engine infers the schema by fetching the
     URL, and a JSONEachRow error quoted the body), as did `s3`; `mysql` held the reader for 30 s."""
     url, _ = served
     reader = _basic(url, "reader")
-    with _counting_server() as (base, hits):
+    with counting_server() as (base, hits):
         for query in (
             f"DESCRIBE TABLE url('{base}/a', 'CSVWithNames')",
             f"desc url('{base}/b')",

@@ -8,13 +8,13 @@ import re
 import statistics
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from clients.clickhouse.client import connect
 from infra.mcp.config import McpConfig
 from infra.mcp.data_tools import sql
+from tests.support.counting_server import counting_server
 from tests.support.processes import AGENTSTREAM, Proc, wait_for
 
 pytestmark = pytest.mark.integration
@@ -142,31 +142,11 @@ def test_the_hostile_corpus_is_refused_and_writes_nothing(store):
     assert [n for n in range(1, 7) if os.path.exists(OUT.format(n=n))] == []
 
 
-class _Counting(BaseHTTPRequestHandler):
-    hits: list[str] = []
-
-    def do_GET(self) -> None:
-        self.hits.append(self.path)
-        self.send_response(200)
-        self.send_header("Content-Length", "12")
-        self.end_headers()
-        self.wfile.write(b"secret,body\n")
-
-    do_HEAD = do_GET
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 def test_describe_of_a_url_is_refused_without_a_request(store):
     """Found: `DESCRIBE TABLE url(...)` passed as a listing; the engine fetched the URL to infer
     its schema (the column names came back: `secret`, `body`), and `s3` did the same."""
     _, config = store
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with counting_server() as (base, hits):
         for query in (
             f"DESCRIBE TABLE url('{base}/a', 'CSVWithNames')",
             f"DESC url('{base}/b')",
@@ -174,11 +154,7 @@ def test_describe_of_a_url_is_refused_without_a_request(store):
         ):
             with pytest.raises(Exception, match="DESCRIBE of a table function or query is refused"):
                 sql(config, query)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-    assert _Counting.hits == []
+    assert hits == []
     assert sql(config, "DESCRIBE TABLE agentstream.steps")["row_count"] > 0  # a table's still passes
 
 

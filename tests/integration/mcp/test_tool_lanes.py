@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -26,6 +22,7 @@ from infra.export import ExportError, export_dataset
 from infra.mcp import data_tools, env_tools
 from infra.mcp.config import McpConfig
 from infra.mcp.errors import McpToolError
+from tests.support.counting_server import CountingHandler, counting_server
 from tests.support.trainer_data import synthetic
 
 pytestmark = pytest.mark.integration
@@ -136,20 +133,14 @@ def test_a_manifest_naming_files_outside_its_directory_removes_only_its_own(lane
 # --- rollout ----------------------------------------------------------------------------------------
 
 
-class Counting(BaseHTTPRequestHandler):
-    """Counts every request; answers 302 to `redirect_to` when set, else a tiny OpenAI-like body."""
+class OpenAIAnswers(CountingHandler):
+    """Answers like a tiny OpenAI-compatible policy: a model list, and a completion that submits 7."""
 
-    hits: list[str]
-    redirect_to: str | None = None
-
-    def log_message(self, format, *args) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        self._answer({"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "tests"}]})
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+    def body(self) -> tuple[str, bytes]:
+        if self.command != "POST":
+            return _json(
+                {"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "tests"}]}
+            )
         submit = {"name": "submit", "arguments": '{"answer": "7"}'}
         message = {
             "role": "assistant",
@@ -158,51 +149,17 @@ class Counting(BaseHTTPRequestHandler):
         }
         choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
         usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
-        self._answer(
-            {
-                "id": "r1",
-                "object": "chat.completion",
-                "created": 0,
-                "model": "policy",
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
-
-    def _answer(self, body: dict) -> None:
-        self.hits.append(f"{self.command} {self.path}")
-        if self.redirect_to:
-            self.send_response(302)
-            self.send_header("Location", self.redirect_to + self.path)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        completion = {"id": "r1", "object": "chat.completion", "created": 0, "model": "policy"}
+        return _json({**completion, "choices": [choice], "usage": usage})
 
 
-@contextmanager
-def counting_server(redirect_to: str | None = None) -> Iterator[tuple[str, list[str]]]:
-    hits: list[str] = []
-    handler = type("Handler", (Counting,), {"hits": hits, "redirect_to": redirect_to})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", hits
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+def _json(body: dict) -> tuple[str, bytes]:
+    return "application/json", json.dumps(body).encode()
 
 
 def test_rollout_refuses_every_url_not_configured_without_a_request(tmp_path):
     config = McpConfig(data_dir=tmp_path, policy_urls=("http://127.0.0.1:8000/v1",))
-    with counting_server() as (base, hits):
+    with counting_server(OpenAIAnswers) as (base, hits):
         port = base.rsplit(":", 1)[1]
         for url in (
             f"{base}/v1",  # e.g. the chDB endpoint: any URL nobody configured
@@ -236,14 +193,17 @@ def test_rollout_calls_the_checked_form_of_the_url(tmp_path):
 
 
 def test_rollout_check_does_not_follow_a_redirect(tmp_path):
-    with counting_server() as (target, target_hits), counting_server(redirect_to=target) as (policy, hits):
+    with (
+        counting_server(OpenAIAnswers) as (target, target_hits),
+        counting_server(OpenAIAnswers, redirect_to=target) as (policy, hits),
+    ):
         config = McpConfig(data_dir=tmp_path, policy_urls=(f"{policy}/v1",))
         env_tools.check_policy_answers(env_tools.chosen_policy_url(config, f"{policy}/v1/"))
         assert hits == ["GET /v1/models"] and target_hits == []
 
 
 def test_rollout_runs_on_the_stacks_own_policy_server(tmp_path, broker):
-    with counting_server() as (base, hits):
+    with counting_server(OpenAIAnswers) as (base, hits):
         config = McpConfig(bootstrap_servers=broker.bootstrap, data_dir=tmp_path, policy_urls=())
         with pytest.raises(McpToolError, match="no policy endpoint is configured"):
             env_tools.rollout(config, task_ids=["calc-add-small"])
