@@ -7,6 +7,8 @@ The tree (each class is also importable from the module that raises it)::
         ├── WorkerConfigError        streams.config: a worker option is invalid
         ├── BatchFailed              the shell: a batch's outputs were not acknowledged or its
         │                            input has an offset gap; the role exits without committing
+        ├── OutputTooLarge           the shell: a record's output or state would not fit in one
+        │                            message; the record is poison (dead-lettered), nothing sent
         ├── FaustVersionError        streams.faust_compat: the installed faust is not the series
         │                            the shell was written for
         ├── ProfileError             streams.rules.profiles: a profiles file or mapping is invalid
@@ -47,6 +49,11 @@ class WorkerConfigError(StreamsError):
 class BatchFailed(StreamsError):
     """A batch's outputs were not acknowledged or its input has an offset gap; the role exits
     without committing."""
+
+
+class OutputTooLarge(StreamsError):
+    """An output event or a state value over what one Kafka message may hold (`MAX_EVENT_BYTES`):
+    sending it would fail at every replay, so the record that made it is poison."""
 
 
 class FaustVersionError(StreamsError):

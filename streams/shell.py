@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import logging
 import os
 import time
@@ -39,13 +40,14 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 from schemas.codec import encode, encode_key
+from schemas.limits import MAX_EVENT_BYTES
 from schemas.records import Record
 from schemas.topics import topic_for
 from streams import faust_compat
 from streams.batch import STATE, BatchPacing, BatchResult, is_retryable, poison_letter
 from streams.config import EXIT_REPLAY
 from streams.dlq import send_dead_letters
-from streams.errors import BatchFailed
+from streams.errors import BatchFailed, OutputTooLarge
 from streams.offsets import OffsetContinuity, OffsetGap
 from streams.produce import send_all
 
@@ -224,14 +226,15 @@ class BatchShell:
         await self._send(result, self._messages(result))
 
     def _messages(self, result: BatchResult) -> Messages:
-        """The outputs and forwards, encoded (an output that cannot be encoded raises here, before
-        anything of the batch is sent)."""
+        """The outputs and forwards, encoded (an output that cannot be encoded, or that with the
+        batch's state values would not fit in a message, raises here, before anything is sent)."""
         messages = [(topic_for(e.type), encode_key(e), encode(e)) for e in result.outputs]
         if result.forwards:
             if self.forward_topic is None:
                 raise BatchFailed(f"{self.name}: forwards without an internal topic")
             topic = self.forward_topic.get_topic_name()
             messages += [(topic, key, value) for key, value in result.forwards]
+        check_sizes(messages, result.tables)
         return messages
 
     async def _send(self, result: BatchResult, messages: Messages) -> None:
@@ -252,6 +255,28 @@ class BatchShell:
                     store.pop(key, None)
                 else:
                     store[key] = value
+
+
+def check_sizes(messages: Messages, tables: dict[str, dict[bytes, bytes | None]]) -> None:
+    """Refuse an output or a state value that one Kafka message cannot hold: the broker would refuse
+    it at every replay (MessageSizeTooLarge, a crash loop), so the record behind it is poison.
+
+    >>> check_sizes([("t", b"k", b"x" * (MAX_EVENT_BYTES + 1))], {})
+    Traceback (most recent call last):
+    ...
+    streams.errors.OutputTooLarge: an output to t of 1000001 bytes is over the 1000000 one message may hold
+    """
+    outputs = ((f"an output to {topic}", value) for topic, _, value in messages)
+    states = (
+        (f"a value of the {table} table", value)
+        for table, changes in tables.items()
+        for value in changes.values()
+    )
+    for what, value in itertools.chain(outputs, states):
+        if value is not None and len(value) > MAX_EVENT_BYTES:
+            raise OutputTooLarge(
+                f"{what} of {len(value)} bytes is over the {MAX_EVENT_BYTES} one message may hold"
+            )
 
 
 def state_table(app, role: str, table: str, partitions: int):
