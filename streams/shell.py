@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 from schemas.codec import encode, encode_key
+from schemas.deadletter import dead_letter
 from schemas.limits import MAX_EVENT_BYTES
 from schemas.records import Record
 from schemas.topics import topic_for
@@ -185,7 +186,7 @@ class BatchShell:
 
         async def run() -> BatchResult:
             async with self.lock:
-                result = await _maybe_await(work())
+                result = timer_outputs_that_fit(self.name, await _maybe_await(work()))
                 await self.publish(result)
                 return result
 
@@ -277,6 +278,25 @@ def check_sizes(messages: Messages, tables: dict[str, dict[bytes, bytes | None]]
             raise OutputTooLarge(
                 f"{what} of {len(value)} bytes is over the {MAX_EVENT_BYTES} one message may hold"
             )
+
+
+def timer_outputs_that_fit(stage: str, result: BatchResult) -> BatchResult:
+    """A timer's outputs (a grace period emitting what it has) come from no record that could be
+    dead-lettered instead: one that no message can hold goes to the DLQ itself, as a bounded summary
+    keyed by its trajectory, and the others are published (raising would exit and loop on it)."""
+    kept = []
+    for event in result.outputs:
+        data = encode(event)
+        if len(data) <= MAX_EVENT_BYTES:
+            kept.append(event)
+            continue
+        reason = f"a {event.type} of {len(data)} bytes is over the {MAX_EVENT_BYTES} one message may hold"
+        log.error("%s: %s (trajectory %s): dead-lettered", stage, reason, event.trajectory_id)
+        result.dead.append(
+            dead_letter(stage, reason, data, key=encode_key(event), error_type="OutputTooLarge")
+        )
+    result.outputs = kept
+    return result
 
 
 def state_table(app, role: str, table: str, partitions: int):

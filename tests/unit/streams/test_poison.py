@@ -97,3 +97,25 @@ def test_failures_of_the_world_are_retryable_and_failures_of_a_record_are_not():
     assert is_retryable(KafkaTimeoutError()) and is_retryable(JudgeLedgerError("x"))
     assert is_retryable(OSError("disk")) and not is_retryable(RecursionError("deep"))
     assert not is_retryable(ValueError("bad value")) and isinstance(BatchResult().dead, list)
+
+
+def test_a_timer_output_no_message_can_hold_is_dead_lettered_and_the_rest_published():
+    """A grace timer emits from no record: an oversized trajectory.scored must not make the tick
+    raise (the role would exit and loop on it), it goes to the DLQ as a bounded summary."""
+    from schemas.events import ScoredStep, TrajectoryScored, utc_now
+    from schemas.limits import MAX_DEAD_LETTER_PAYLOAD_BYTES, MAX_EVENT_BYTES
+    from streams.batch import BatchResult
+    from streams.shell import timer_outputs_that_fit
+
+    def scored(tid: str, text: str) -> TrajectoryScored:
+        steps = [ScoredStep(step_index=i, observation=text) for i in range(3)]
+        common = {"event_id": tid, "trajectory_id": tid, "occurred_at": utc_now(), "producer": "t"}
+        return TrajectoryScored(task_id="k", steps=steps, **common)
+
+    big, small = scored("big", "x" * 400_000), scored("small", "ok")
+    result = timer_outputs_that_fit("scoring", BatchResult(outputs=[big, small]))
+    assert [e.trajectory_id for e in result.outputs] == ["small"]
+    [letter] = result.dead
+    assert letter.trajectory_id == "big" and letter.error_type == "OutputTooLarge"
+    assert letter.payload_truncated and letter.payload_bytes > MAX_EVENT_BYTES
+    assert len(letter.payload.encode()) <= MAX_DEAD_LETTER_PAYLOAD_BYTES
