@@ -7,14 +7,11 @@ period, 120 s, runs out: not waited for here)."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 
-from infra.stack import StackSupervisor, embedded_config
 from schemas import EpisodeEnded, EpisodeStarted, StepRecorded, encode, topics, utc_now
 from tests.support.processes import wait_for
+from tests.support.stack import running_stack
 
 
 def _episode(tid: str, steps: int, observation: str) -> list:
@@ -31,15 +28,13 @@ def _episode(tid: str, steps: int, observation: str) -> list:
 
 @pytest.mark.timeout(240)
 def test_a_trajectory_larger_than_a_message_is_cut_not_a_crash_loop(tmp_path):
+    with running_stack(tmp_path / "stack") as (config, supervisor):
+        _check_the_next_episode_lands(config, supervisor)
+
+
+def _check_the_next_episode_lands(config, supervisor) -> None:
     from kafka import KafkaProducer
 
-    config = embedded_config(tmp_path / "stack", train=False)
-    supervisor, stop = StackSupervisor(config), threading.Event()
-    poller = threading.Thread(
-        target=lambda: [supervisor.poll() or time.sleep(0.2) for _ in iter(stop.is_set, True)]
-    )
-    supervisor.start()
-    poller.start()
     producer = KafkaProducer(
         bootstrap_servers=config.bootstrap_servers, acks="all", max_request_size=2_000_000
     )
@@ -69,6 +64,3 @@ def test_a_trajectory_larger_than_a_message_is_cut_not_a_crash_loop(tmp_path):
         assert scoring.restarts == 0 and scoring.popen.poll() is None, scoring.last_exit
     finally:
         producer.close()
-        stop.set()
-        poller.join()
-        supervisor.stop()

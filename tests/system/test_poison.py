@@ -11,18 +11,17 @@ a 900 KB string, a `batch.built` pointing to a missing file and one pointing to 
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
 import orjson
 import pytest
 
-from infra.stack import StackSupervisor, embedded_config
 from schemas import EpisodeEnded, EpisodeStarted, StepRecorded, encode, topics, utc_now
 from schemas.codec import decode
 from schemas.events import BatchBuilt, JudgeStep, ScoredStep, TrajectoryScored
 from tests.support.processes import wait_for
+from tests.support.stack import running_stack
 
 AT = "2026-01-01T00:00:00Z"
 DEEP = b"[" * 300 + b"]" * 300
@@ -115,15 +114,13 @@ def _good_episode(tid: str) -> list:
 
 @pytest.mark.timeout(240)
 def test_poison_on_every_topic_leaves_every_stage_running_and_the_next_episode_lands(tmp_path):
+    with running_stack(tmp_path / "stack", train=True) as (config, supervisor):
+        _poison_then_a_good_episode(config, supervisor, tmp_path)
+
+
+def _poison_then_a_good_episode(config, supervisor, tmp_path: Path) -> None:
     from kafka import KafkaProducer
 
-    config = embedded_config(tmp_path / "stack", train=True)
-    supervisor, stop = StackSupervisor(config), threading.Event()
-    poller = threading.Thread(
-        target=lambda: [supervisor.poll() or time.sleep(0.2) for _ in iter(stop.is_set, True)]
-    )
-    supervisor.start()
-    poller.start()
     producer = KafkaProducer(
         bootstrap_servers=config.bootstrap_servers, acks="all", max_request_size=4_000_000
     )
@@ -174,6 +171,3 @@ def test_poison_on_every_topic_leaves_every_stage_running_and_the_next_episode_l
             )
     finally:
         producer.close()
-        stop.set()
-        poller.join()
-        supervisor.stop()

@@ -21,7 +21,7 @@ import pytest
 from clients.clickhouse.client import chdb_path, connect, live_endpoint
 from clients.clickhouse.endpoint import endpoint_file, key_file
 from tests.support.counting_server import counting_server
-from tests.support.processes import AGENTSTREAM, Proc, wait_for
+from tests.support.db_serve import served_chdb
 
 pytestmark = pytest.mark.integration
 
@@ -32,20 +32,13 @@ TIMEOUT_S = 2  # the reader's max_execution_time in this module
 def served(tmp_path_factory):
     """A fresh chDB path served by `agentstream db serve` with short reader limits."""
     tmp = tmp_path_factory.mktemp("endpoint-security")
-    url = f"chdb://{tmp / 'clickhouse'}"
-    args = [*AGENTSTREAM, "db", "serve", "--clickhouse-url", url, "--port", "0"]
-    args += ["--reader-timeout-s", str(TIMEOUT_S), "--reader-max-memory-mb", "256"]
-    proc = Proc(args, tmp / "serve.log")
-    try:
-        wait_for(lambda: "serving" in proc.log_text(), timeout_s=60, what="agentstream db serve")
+    with served_chdb(tmp, TIMEOUT_S) as url:
         writer = connect(url, role="writer")
         writer.command(
             "CREATE TABLE IF NOT EXISTS agentstream.probe (x UInt64) ENGINE = MergeTree ORDER BY x"
         )
         writer.close()
         yield url, tmp
-    finally:
-        proc.stop()
 
 
 def _raw(url: str, method: str, body: bytes = b"", headers: dict | None = None, path: str = "/"):

@@ -15,7 +15,7 @@ from clients.clickhouse.client import connect
 from infra.mcp.config import McpConfig
 from infra.mcp.data_tools import sql
 from tests.support.counting_server import counting_server
-from tests.support.processes import AGENTSTREAM, Proc, wait_for
+from tests.support.db_serve import served_chdb
 
 pytestmark = pytest.mark.integration
 
@@ -26,15 +26,8 @@ OUT = "/tmp/agentstream-hostile-{n}"  # every file a query could write; asserted
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mcp-hostile")
-    url = f"chdb://{tmp / 'clickhouse'}"
-    args = [*AGENTSTREAM, "db", "serve", "--clickhouse-url", url, "--port", "0"]
-    args += ["--reader-timeout-s", str(TIMEOUT_S), "--reader-max-memory-mb", "256"]
-    proc = Proc(args, tmp / "serve.log")
-    try:
-        wait_for(lambda: "serving" in proc.log_text(), timeout_s=60, what="agentstream db serve")
+    with served_chdb(tmp, TIMEOUT_S) as url:
         yield url, McpConfig(clickhouse_url=url, sql_max_rows=5, sql_timeout_s=20)
-    finally:
-        proc.stop()
 
 
 HOSTILE = [
