@@ -16,7 +16,7 @@ from clients.clickhouse import DATABASE
 from infra.clickhouse.sql import Sql
 from infra.mcp.config import McpConfig
 from infra.mcp.errors import McpToolError
-from infra.mcp.scoring import as_object, score_json_trajectory
+from infra.mcp.json_trajectory import as_object, score_json_trajectory
 from infra.mcp.values import jsonable
 from schemas.events import TrajectoryScored
 
@@ -77,7 +77,7 @@ def trajectory(config: McpConfig, trajectory_id: str, detail: bool = False) -> d
 
 def scored_from_json(items: list[Any]) -> list[TrajectoryScored]:
     """Trajectories given as JSON: a `trajectory.scored` event is taken as it is, any other
-    object is scored by the rule layer first (infra/mcp/scoring.py)."""
+    object is scored by the rule layer first (infra/mcp/json_trajectory.py)."""
     from schemas.codec import validate
     from schemas.errors import DecodeError
 

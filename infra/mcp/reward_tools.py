@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from infra.mcp.config import McpConfig
 from infra.mcp.errors import McpToolError
-from infra.mcp.scoring import score_json_trajectory
+from infra.mcp.json_trajectory import score_json_trajectory
 from infra.mcp.values import jsonable
 
 

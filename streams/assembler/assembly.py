@@ -35,7 +35,7 @@ made with nothing left to wait for are guaranteed to be reproduced by a replay. 
 `reward_version` (`assembly-1+<rule version>`), so an assembly under another rule version (a replay)
 has other ids.
 
-Scores (`score_trajectory`; arithmetic in streams/assembler/scoring.py):
+Scores (`score_trajectory`; arithmetic in streams/assembler/reward_math.py):
 - step process score = weighted mean of the layers present: rule (`reward.rule.step.score`), judge
   (the step's judge score, else the trajectory-level judge score), human (mean of the step's
   annotations, else of the trajectory-level ones), with the domain's layer weights
@@ -70,7 +70,7 @@ from schemas.events import (
 )
 from schemas.ids import derived_event_id
 from streams.assembler import layers as L
-from streams.assembler.scoring import (
+from streams.assembler.reward_math import (
     CalibrationMap,
     Calibrations,
     content_hash,

@@ -44,7 +44,7 @@ from streams.judge.client import CallResult, JudgeClient
 from streams.judge.config import JudgeConfig
 from streams.judge.parse import ParseError
 from streams.judge.pricing import call_cost
-from streams.judge.scoring import CallMeta, JudgeRequest, failure_events, reply_events
+from streams.judge.requests import CallMeta, JudgeRequest, failure_events, reply_events
 
 log = logging.getLogger(__name__)
 

@@ -37,9 +37,9 @@ from streams.judge.client import JudgeClient
 from streams.judge.config import JudgeConfig
 from streams.judge.pricing import require_prices
 from streams.judge.prompt import group_prompt, step_prompt, trajectory_prompt
+from streams.judge.requests import JudgeRequest, Target
 from streams.judge.retry import has_parked, keys_with_parked, park, parked_at, request_from, take_due
 from streams.judge.rubrics import RubricCatalog
-from streams.judge.scoring import JudgeRequest, Target
 from streams.judge.selection import JudgeRule, JudgeRules
 from streams.judge.state import (
     StagedState,

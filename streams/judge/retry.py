@@ -24,8 +24,8 @@ from dataclasses import asdict
 from datetime import datetime
 
 from streams.judge.prompt import Prompt
+from streams.judge.requests import JudgeRequest, Target
 from streams.judge.rubrics import RubricSet
-from streams.judge.scoring import JudgeRequest, Target
 from streams.judge.state import BytesKeyed, StagedState
 
 PAUSED = "paused"  # the state record's field holding its parked requests

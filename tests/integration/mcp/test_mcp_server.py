@@ -17,7 +17,7 @@ import pytest
 
 from clients.clickhouse.client import chdb_path, connect, live_endpoint
 from consumers.sink.rows import COLUMNS, rows_for
-from infra.mcp.scoring import rule_layer, score_json_trajectory
+from infra.mcp.json_trajectory import rule_layer, score_json_trajectory
 from schemas.codec import encode
 from schemas.events import FeedbackAnnotation, JudgeStep
 from streams.rules.profiles import ProfileRegistry

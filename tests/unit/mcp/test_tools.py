@@ -108,7 +108,7 @@ def test_build_preferences_from_json_at_both_levels():
 
 
 def test_a_scored_trajectory_event_is_taken_as_it_is():
-    from infra.mcp.scoring import score_json_trajectory
+    from infra.mcp.json_trajectory import score_json_trajectory
 
     event = score_json_trajectory(run_of("x", [READ], True)).model_dump(mode="json")
     [again] = data_tools.scored_from_json([event])

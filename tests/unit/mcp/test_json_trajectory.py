@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+import infra.mcp.json_trajectory
 import infra.mcp.readonly
-import infra.mcp.scoring
 import infra.mcp.values
 from infra.mcp.errors import McpToolError
-from infra.mcp.scoring import score_json_trajectory, trajectory_events
+from infra.mcp.json_trajectory import score_json_trajectory, trajectory_events
 from schemas.events import EpisodeEnded
 from streams.rules.profiles import CODING
 from streams.rules.rewards import StepInput, score_steps
@@ -28,7 +28,7 @@ SEED_STEPS = [  # the worked example of streams/rules/rewards.py
 ]
 
 
-@pytest.mark.parametrize("module", [infra.mcp.scoring, infra.mcp.readonly, infra.mcp.values])
+@pytest.mark.parametrize("module", [infra.mcp.json_trajectory, infra.mcp.readonly, infra.mcp.values])
 def test_docstring_examples(module):
     assert doctest.testmod(module).failed == 0
 
