@@ -1,4 +1,4 @@
-"""`agentstream bench NAME`: each benchmark is a module `infra.bench.NAME` with
+"""`agentstream bench NAME`: each benchmark is a module of `infra.bench`, listed in BENCHMARKS, with
 `add_arguments(parser)` and `run(args) -> dict` (keys: `rows` for the table, anything else for JSON).
 
 Benchmark modules import their heavy dependencies inside `run`, because `add_arguments` is called
@@ -7,36 +7,67 @@ whenever the parser is built (including for `agentstream --help`).
 
 from __future__ import annotations
 
-from importlib import import_module
+from infra.bench import (
+    broker,
+    codec,
+    console,
+    e2e,
+    judge,
+    otlp,
+    policy,
+    produce,
+    redaction,
+    rollout,
+    sink,
+    streams,
+    trainer,
+)
+from infra.options.env import add_option, command_parser, group_parser, positive_int
 
-from infra.cli.options import add_option, command_parser, group_parser, positive_int
-
-# name -> one-line description; the module infra.bench.<name> implements it.
+# name -> (the module that implements it, one-line description)
 BENCHMARKS = {
-    "codec": "event codec encode/decode throughput (step.recorded, 2 KB observation)",
-    "broker": "embedded broker produce/consume throughput with kafka-python and aiokafka; recovery time",
-    "produce": "SDK steps/s and gateway events/s with p50/p99 time to broker acknowledgement",
-    "streams": "rule-reward and assembly steps/s per worker; publish-to-reward latency",
-    "judge": "LLM-judge steps/s at several concurrencies against a local Messages API server",
-    "sink": "topic-to-ClickHouse rows/s and publish-to-visible latency",
-    "trainer": "batch building trajectories/s and training tokens/s",
-    "e2e": "sustained load through every stage; end-to-end latencies",
-    "policy": "policy server tokens/s and requests/s per concurrency; recording overhead; reload pauses",
-    "rollout": "rollout episodes/s and steps/s on calc per concurrency; local sandbox tool-call overhead",
-    "console": "web console server time per page: trajectory list, filtered, page 200, a 200-step trajectory",
-    "otlp": "gateway OTLP/HTTP spans/s into agent.events (protobuf, 100 spans a request), p50/p99 a request",
-    "redaction": "redaction CPU us per 2 KB step (clean, with @/URLs, with 4 secrets) beside encoding",
+    "codec": (codec, "event codec encode/decode throughput (step.recorded, 2 KB observation)"),
+    "broker": (
+        broker,
+        "embedded broker produce/consume throughput with kafka-python and aiokafka; recovery time",
+    ),
+    "produce": (produce, "SDK steps/s and gateway events/s with p50/p99 time to broker acknowledgement"),
+    "streams": (streams, "rule-reward and assembly steps/s per worker; publish-to-reward latency"),
+    "judge": (judge, "LLM-judge steps/s at several concurrencies against a local Messages API server"),
+    "sink": (sink, "topic-to-ClickHouse rows/s and publish-to-visible latency"),
+    "trainer": (trainer, "batch building trajectories/s and training tokens/s"),
+    "e2e": (e2e, "sustained load through every stage; end-to-end latencies"),
+    "policy": (
+        policy,
+        "policy server tokens/s and requests/s per concurrency; recording overhead; reload pauses",
+    ),
+    "rollout": (
+        rollout,
+        "rollout episodes/s and steps/s on calc per concurrency; local sandbox tool-call overhead",
+    ),
+    "console": (
+        console,
+        "web console server time per page: trajectory list, filtered, page 200, a 200-step trajectory",
+    ),
+    "otlp": (
+        otlp,
+        "gateway OTLP/HTTP spans/s into agent.events (protobuf, 100 spans a request), p50/p99 a request",
+    ),
+    "redaction": (
+        redaction,
+        "redaction CPU us per 2 KB step (clean, with @/URLs, with 4 secrets) beside encoding",
+    ),
 }
 
 
 def register(sub) -> None:
     bench = group_parser(sub, "bench", "run a benchmark; prints a table and writes JSON")
-    for name, description in BENCHMARKS.items():
+    for name, (module, description) in BENCHMARKS.items():
         parser = command_parser(bench, name, run_benchmark, description)
         add_option(parser, "--output", help="JSON output path (default: bench-results/<name>.json)")
         add_option(parser, "--repeats", type=positive_int, default=5, help="repeats; figures are medians")
         parser.set_defaults(_bench=name)
-        import_module(f"infra.bench.{name}").add_arguments(parser)
+        module.add_arguments(parser)
     readme = command_parser(
         bench,
         "readme",
@@ -54,13 +85,21 @@ def register(sub) -> None:
         default="docs/bench/e2e-before.json",
         help="an earlier `bench e2e` JSON whose figures are shown beside the targets, if any",
     )
-    add_option(readme, "--readme", default="README.md", help="file with the <!-- bench:e2e --> markers")
+    add_option(
+        readme, "--readme", default="README.md", help="file with the <!-- bench:e2e-summary --> markers"
+    )
+    add_option(
+        readme,
+        "--benchmarks",
+        default="docs/benchmarks.md",
+        help="file with the <!-- bench:e2e --> markers (the full table)",
+    )
 
 
 def run_benchmark(args) -> int:
     from infra.bench.report import write_report
 
-    result = import_module(f"infra.bench.{args._bench}").run(args)
+    result = BENCHMARKS[args._bench][0].run(args)
     write_report(args._bench, result, args.output)
     return 0
 
@@ -69,8 +108,8 @@ def regenerate_readme(args) -> int:
     import json
     from pathlib import Path
 
-    from infra.bench.readme import ReadmeError, replace_section, section
-    from infra.cli.output import say
+    from infra.bench.readme import ReadmeError, regenerate
+    from infra.terminal.output import say
 
     if not Path(args.e2e).exists():
         raise ReadmeError(f"--e2e: {args.e2e} does not exist (run `agentstream bench e2e --output ...`)")
@@ -79,7 +118,7 @@ def regenerate_readme(args) -> int:
         json.loads(Path(path).read_text()) if Path(path).exists() else None
         for path in (args.produce, args.baseline)
     )
-    readme = Path(args.readme)
-    readme.write_text(replace_section(readme.read_text(), section(e2e, produce, baseline)))
-    say(f"{readme}: performance table regenerated from {args.e2e}")
+    for path in dict.fromkeys((Path(args.readme), Path(args.benchmarks))):
+        path.write_text(regenerate(path.read_text(), e2e, produce, baseline))
+        say(f"{path}: performance table regenerated from {args.e2e}")
     return 0

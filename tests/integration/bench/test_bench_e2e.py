@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from infra.bench.readme import END, START
+from infra.bench.readme import END, START, SUMMARY_END, SUMMARY_START
 from infra.cli import main
 
 pytestmark = pytest.mark.integration
@@ -36,10 +36,12 @@ def test_each_rate_reports_latencies_and_every_process_cpu_over_its_runs(tmp_pat
     printed = capsys.readouterr().out
     assert "| 40 " in printed and "run 1 of 2)" in printed and "run 2 of 2)" in printed
 
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n{START}\n{END}\n")
+    readme, benchmarks = tmp_path / "README.md", tmp_path / "benchmarks.md"
+    readme.write_text(f"# x\n{SUMMARY_START}\n{SUMMARY_END}\n")
+    benchmarks.write_text(f"# x\n{START}\n{END}\n")
     none = str(tmp_path / "absent.json")
     command = ["bench", "readme", "--e2e", str(out), "--produce", none, "--baseline", none]
-    assert main([*command, "--readme", str(readme)]) == 0
-    text = readme.read_text()
+    assert main([*command, "--readme", str(readme), "--benchmarks", str(benchmarks)]) == 0
+    text = benchmarks.read_text()
     assert "| 40 | " in text and "median of 2 runs" in text
+    assert "| 40 | " in readme.read_text() and "medians of 2 runs" in readme.read_text()

@@ -12,7 +12,17 @@ import pytest
 from infra.bench import cpu
 from infra.bench import readme as generator
 from infra.bench.e2e import combine_runs
-from infra.bench.readme import END, START, ReadmeError, replace_section, section
+from infra.bench.readme import (
+    END,
+    START,
+    SUMMARY_END,
+    SUMMARY_START,
+    ReadmeError,
+    regenerate,
+    replace_section,
+    section,
+    summary,
+)
 
 E2E = {
     "benchmark": "e2e",
@@ -62,8 +72,10 @@ def test_a_readme_without_markers_or_a_foreign_json_is_a_clear_error():
         section({"benchmark": "sink", "rows": []})
 
 
-def test_the_committed_readme_is_generated_from_the_committed_json():
-    """README.md's table is exactly what `agentstream bench readme` makes of docs/bench/*.json."""
+@pytest.mark.parametrize("name", ["README.md", "docs/benchmarks.md"])
+def test_the_committed_tables_are_generated_from_the_committed_json(name):
+    """README.md's short table and docs/benchmarks.md's full one are exactly what `agentstream bench
+    readme` makes of docs/bench/*.json."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[3]
@@ -72,8 +84,26 @@ def test_the_committed_readme_is_generated_from_the_committed_json():
         json.loads(path.read_text()) if path.exists() else None
         for path in (root / "docs/bench/produce.json", root / "docs/bench/e2e-before.json")
     )
-    readme = (root / "README.md").read_text()
-    assert replace_section(readme, section(e2e, produce, baseline)) == readme
+    text = (root / name).read_text()
+    assert (SUMMARY_START if name == "README.md" else START) in text
+    assert regenerate(text, e2e, produce, baseline) == text
+
+
+def test_the_summary_is_one_short_row_per_rate_linking_the_full_table():
+    text = summary({**E2E, "repeats": 3})
+    assert "| 5,000 | 4,938 | 32,006 / 55,107 | 1.050 |" in text
+    assert "medians of 3 runs" in text and "docs/benchmarks.md#e2e-the-whole-stack-generated" in text
+    assert len(text.splitlines()) == 2 + len(E2E["rows"]) + 2
+
+
+def test_regenerate_rewrites_each_marked_section_and_refuses_a_file_with_none():
+    both = f"{SUMMARY_START}\n{SUMMARY_END}\nmiddle\n{START}\n{END}\n"
+    out = regenerate(both, E2E)
+    assert out.count("| 5,000 |") == 2 and "middle" in out and "all in CH" in out.split("middle")[1]
+    assert "all in CH" not in out.split("middle")[0]
+    assert regenerate(out, E2E) == out
+    with pytest.raises(ReadmeError, match="bench:e2e-summary"):
+        regenerate("# no markers\n", E2E)
 
 
 def test_a_baseline_run_is_shown_beside_each_target():
