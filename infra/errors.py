@@ -4,7 +4,7 @@
     └── InfraError
         ├── StackError            infra/supervisor.py: a supervised component failed to start
         ├── DockerUnavailable     infra/docker_engine.py: the docker path without a reachable engine
-        ├── TopicAdminError       infra/broker/topics_cli.py: `agentstream topics ...`
+        ├── TopicAdminError       infra/commands/topics.py: `agentstream topics ...`
         ├── ReadmeError           infra/bench/readme.py: `agentstream bench readme`
         ├── FilterError           infra/clickhouse/browse.py: a malformed filter (field and value named)
         ├── ConsoleError          infra/console/: the web console's configuration or startup

@@ -96,7 +96,7 @@ def components(config: StackConfig) -> list[Component]:
     else:
         out.append(Component("sink", ("sink",)))
     if config.trainer:
-        out.append(Component("trainer", ("trainer", *config.trainer_args)))
+        out.append(Component("trainer", ("batch", *config.trainer_args)))
     if config.train:  # after the trainer whose batches it follows; `train_args` may override --kinds
         out.append(Component("executor", ("train", "--follow", "--kinds", "grpo", *config.train_args)))
     if config.gateway:

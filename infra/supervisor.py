@@ -37,11 +37,12 @@ from pathlib import Path
 from typing import Literal
 
 from infra.errors import InfraError
+from infra.runtime import agentstream_argv
 from streams.config import EXIT_REPLAY
 
 log = logging.getLogger(__name__)
 
-AGENTSTREAM = (sys.executable, "-m", "infra.cli")
+AGENTSTREAM = tuple(agentstream_argv())
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # consecutive quick exits wait longer
 STEADY_AFTER_S = 60.0  # a component that ran this long before exiting starts the backoff again
 STOP_GRACE_S = 10.0

@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from infra.runtime import agentstream_argv
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class BrokerProcess:
     def __enter__(self) -> str:
         self.data_dir.mkdir(parents=True)
         ready = self.data_dir / "ready"
-        args = [sys.executable, "-m", "infra.cli", "broker", "--data-dir", str(self.data_dir)]
+        args = agentstream_argv("broker", "--data-dir", str(self.data_dir))
         args += ["--port", "0", "--ready-file", str(ready), "--flush", self.flush, "--log-level", "WARNING"]
         self.proc = subprocess.Popen(args)
         deadline = time.monotonic() + 30

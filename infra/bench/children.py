@@ -7,11 +7,12 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-AGENTSTREAM = [sys.executable, "-m", "infra.cli"]
+from infra.runtime import agentstream_argv
+
+AGENTSTREAM = agentstream_argv()
 
 
 class Child:

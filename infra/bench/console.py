@@ -28,7 +28,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from infra.cli.output import say
+from infra.terminal.output import say
 
 TARGET_MS = 300.0
 LONG_ID = "bench-long-trajectory"
@@ -88,7 +88,7 @@ COLUMNS = {  # per table: the columns its rows below fill, in order
 
 
 def add_arguments(parser) -> None:
-    from infra.cli.options import add_option
+    from infra.options.env import add_option
 
     add_option(parser, "--trajectories", type=int, default=100_000, help="trajectories in ClickHouse")
     add_option(parser, "--steps", type=int, default=200, help="steps of the trajectory whose page is timed")

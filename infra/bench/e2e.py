@@ -1,4 +1,4 @@
-"""`agentstream bench e2e`: sustained load from simulated agents through every stage of a real embedded
+"""`agentstream bench e2e`: sustained load from scripted agents through every stage of a real embedded
 stack (broker, stream worker, sink, trainer as supervised processes), then end-to-end latencies from
 step publish to (a) its rule reward in ClickHouse, (b) its trajectory in ClickHouse, (c) its presence
 in a training batch, as p50/p95/p99, per offered rate; plus per-stage throughput and a PNG plot.
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from infra.cli.output import say
+from infra.terminal.output import say
 from streams.config import DEFAULT_ROLES
 
 
@@ -65,7 +65,7 @@ def run(args) -> dict:
     supervisor = StackSupervisor(config, on_event=lambda m: say(f"[e2e] {m}"))
     supervisor.start()
     levels, cpu_rows, samples, idle = [], [], {}, None
-    repeats = args.repeats  # at least 1: the parser refuses less (infra.cli.options.positive_int)
+    repeats = args.repeats  # at least 1: the parser refuses less (infra.options.env.positive_int)
     try:
         _wait_for_clickhouse(config)
         if args.idle > 0:

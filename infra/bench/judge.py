@@ -1,7 +1,7 @@
 """`agentstream bench judge`: judged steps/s per worker against a Messages-API server with a fixed
 latency, and the judge processor's own overhead per call.
 
-Setup: the local Messages-API server (`streams/judge/messages_server.py`, as in the tests) runs in its own
+Setup: the tests' local Messages-API server (`tests/support/judge_servers/messages.py`) runs in its own
 process and answers every call after `--latency` seconds (default 0.5). The real judge processor
 (`streams.judge.processor.JudgeProcessor`, real anthropic SDK, cache off so every step costs a
 call) judges `--calls-per-slot` x concurrency distinct steps at each concurrency level. The ideal
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime
 
 from infra.bench import report
+from infra.runtime import python_module_argv
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -60,7 +60,7 @@ class _server:
 
     def __enter__(self) -> str:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streams.judge.messages_server", "--latency", str(self.latency)],
+            python_module_argv("tests.support.judge_servers.messages", "--latency", str(self.latency)),
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -150,7 +150,7 @@ class _InstantClient:
     """Stands in for the HTTP call: answers at once like the local server would."""
 
     def __init__(self):
-        from streams.judge.messages_server import score_prompt
+        from tests.support.judge_servers.messages import score_prompt
 
         self.score_prompt = score_prompt
 

@@ -33,7 +33,7 @@ FORMATS = {  # row name -> (content type, gzip)
 
 
 def add_arguments(parser) -> None:
-    from infra.cli.options import add_option
+    from infra.options.env import add_option
 
     add_option(parser, "--requests", type=int, default=200, help="requests per repeat and format")
     add_option(parser, "--spans-per-request", type=int, default=100, help="spans per request")
@@ -83,7 +83,7 @@ def _as_events(request) -> bytes:
     """The events the gateway maps `request` to, as the JSON array `/v1/events` takes."""
     import orjson
 
-    from producers.otlp import StepCursor, map_spans, spans_of
+    from producers.gateway.otlp.mapping import StepCursor, map_spans, spans_of
 
     events = map_spans(spans_of(request), StepCursor()).events
     return orjson.dumps([e.model_dump(mode="json") for e in events])
@@ -99,7 +99,7 @@ def _attrs(span, values: dict) -> None:
 
 
 def bodies(requests: int, spans_per_request: int, fmt: str, seed: int) -> list[bytes]:
-    from producers.otlp import request_to_json
+    from producers.gateway.otlp.mapping import request_to_json
 
     traces = max(1, spans_per_request // SPANS_PER_TRACE)
     out = []
@@ -164,7 +164,7 @@ def run(args) -> dict:
 
 
 def _start_gateway(root: Path, bootstrap: str) -> Child:
-    from producers.gateway import hash_key
+    from producers.gateway.server import hash_key
 
     ready = root / "gateway.ready"  # --data-dir: its step cursor on disk under root, as in production
     args = [*AGENTSTREAM, "gateway", "--bootstrap-servers", bootstrap, "--port", "0", "--api-key-hashes",

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from infra.bench.children import start_broker
 from infra.bench.report import median, percentile
-from infra.cli.options import add_option
+from infra.options.env import add_option
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def _measure(root: Path, bootstrap: str, levels: list[int], args) -> dict:
     from consumers.trainer.tiny import tiny_model_dir
     from producers.policy.engine import LocalEngine
     from producers.policy.service import PolicyService
-    from producers.recorder import AgentRecorder
+    from producers.sdk.recorder import AgentRecorder
 
     base = tiny_model_dir(root / "data")
     engine = LocalEngine(base, device="cpu")

@@ -28,7 +28,7 @@ OBSERVATION = "o" * 2048
 
 
 def add_arguments(parser) -> None:
-    from infra.cli.options import add_option
+    from infra.options.env import add_option
 
     add_option(parser, "--steps", type=int, default=5000, help="SDK steps per repeat")
     add_option(parser, "--requests", type=int, default=200, help="gateway requests per repeat and client")
@@ -56,14 +56,14 @@ def start_gateway(directory: Path, bootstrap: str, client: str, key_hash: str) -
 def sdk_once(bootstrap: str, data_dir: Path, steps: int, rate: float | None = None) -> dict:
     """Record `steps` steps as fast as possible, or paced at `rate` steps/s, under CPython's default
     garbage-collector thresholds: those of an agent's process, not of this `agentstream` one."""
-    from infra.cli.runtime import default_gc
+    from infra.runtime import default_gc
 
     with default_gc():
         return _sdk_once(bootstrap, data_dir, steps, rate)
 
 
 def _sdk_once(bootstrap: str, data_dir: Path, steps: int, rate: float | None) -> dict:
-    from producers.recorder import AgentRecorder
+    from producers.sdk.recorder import AgentRecorder
 
     sent: dict[str, float] = {}
     latencies: list[float] = []
@@ -220,7 +220,7 @@ def run(args) -> dict:
 
 
 GATEWAY_CLIENTS = ("aiokafka", "kafka-python")  # the first is measured against the second
-SDK_CLIENT = "aiokafka, pre-built batches"  # producers.batch_sender
+SDK_CLIENT = "aiokafka, pre-built batches"  # clients.kafka.record_batches
 GATEWAY_KEY = "bench-key"
 
 
@@ -241,7 +241,7 @@ def _gateway_row(address: str, root: Path, client: str, args, repeats: int) -> d
     """The gateway with `client` as its producer, under `args.concurrency` concurrent requests."""
     import asyncio
 
-    from producers.gateway import hash_key
+    from producers.gateway.server import hash_key
 
     gateway = start_gateway(root, address, client, hash_key(GATEWAY_KEY))
     try:

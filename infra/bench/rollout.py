@@ -23,7 +23,7 @@ from pathlib import Path
 
 from infra.bench.children import start_broker
 from infra.bench.report import median, percentile
-from infra.cli.options import add_option
+from infra.options.env import add_option
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def _measure_rollouts(root: Path, bootstrap: str, levels: list[int], args) -> di
     from producers.envs.tasks import builtin_tasks
     from producers.policy.engine import LocalEngine
     from producers.policy.service import PolicyService
-    from producers.recorder import AgentRecorder
+    from producers.sdk.recorder import AgentRecorder
 
     engine = LocalEngine(tiny_model_dir(root / "data"), device="cpu")
     recorder = AgentRecorder(bootstrap, root / "spool", agent="bench-rollout", model=engine.model_name)

@@ -26,7 +26,7 @@ POLL_S = 0.05
 
 
 def add_arguments(parser) -> None:
-    from infra.cli.options import add_option
+    from infra.options.env import add_option
 
     add_option(parser, "--steps", type=int, default=20000, help="steps published for the throughput run")
     add_option(parser, "--rates", default="1000,10000", help="offered loads for the latency runs (steps/s)")

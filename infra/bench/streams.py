@@ -33,6 +33,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from infra.runtime import agentstream_argv, python_module_argv
+
 log = logging.getLogger(__name__)
 
 BASELINE_TOPIC = "bench.baseline.rewards"
@@ -169,7 +171,7 @@ def _count(consumer, topic: str) -> int:
 
 
 def _worker(bootstrap: str, scratch: Path, role: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "infra.cli", "worker", "--roles", role, "--bootstrap-servers", bootstrap]
+    args = agentstream_argv("worker", "--roles", role, "--bootstrap-servers", bootstrap)
     args += ["--data-dir", str(scratch / "worker"), "--log-level", "INFO", "--grace-seconds", "600"]
     log_file = open(scratch / f"{role}.log", "ab")  # noqa: SIM115 - owned by the child process
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # "first batch" must reach the log at once
@@ -332,7 +334,7 @@ def _measure_baseline(bootstrap: str, scratch: Path, trajectories: int, steps: i
     from schemas.topics import TopicSpec
 
     ensure_topics(bootstrap, [TopicSpec(BASELINE_TOPIC, ("reward.rule.step",))])
-    args = [sys.executable, "-m", "infra.bench.streams", "baseline", bootstrap, str(scratch / "baseline")]
+    args = python_module_argv("infra.bench.streams", "baseline", bootstrap, str(scratch / "baseline"))
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(scratch / "baseline.log", "ab"))  # noqa: SIM115
     try:
         # the baseline reads agent.events from the beginning: every step published so far

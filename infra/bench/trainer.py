@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from infra.bench.report import median
-from infra.cli.options import add_option
+from infra.options.env import add_option
 
 log = logging.getLogger(__name__)
 

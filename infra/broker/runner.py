@@ -1,7 +1,8 @@
-"""`agentstream broker`: build the broker from CLI options, run it until SIGTERM/SIGINT, shut down
+"""The broker's process lifecycle: open the store, serve until SIGTERM/SIGINT (or `stop`), shut down
 cleanly (connections closed, every log flushed and closed, so the next start needs no recovery).
 
-Owns the process lifecycle only: option parsing is in cli.py, serving in server.py.
+Owns the lifecycle only: serving is in server.py; the `agentstream broker` command that builds a
+`BrokerConfig` from its options is infra/commands/broker.py (the broker never imports the CLI).
 """
 
 from __future__ import annotations
@@ -19,26 +20,9 @@ log = logging.getLogger(__name__)
 NEVER_MS = 2**62  # an interval no append reaches: flushing is left to the group commit
 
 
-def config_from_args(args) -> BrokerConfig:
-    """A `BrokerConfig` from parsed `agentstream broker` options (generated from its fields)."""
-    from infra.cli import configs
-    from schemas.settings import Settings
-
-    return configs.config_from_args(
-        BrokerConfig, args, data_dir=broker_dir(Settings.from_args(args).data_dir)
-    )
-
-
 def broker_dir(data_dir: Path) -> Path:
     """Where the broker keeps its logs inside the agentstream data directory (like chDB's `clickhouse/`)."""
     return Path(data_dir) / "broker"
-
-
-def run(args) -> int:
-    """CLI handler: serve until a signal arrives."""
-    config = config_from_args(args)
-    asyncio.run(serve(config, ready_file=Path(args.ready_file) if args.ready_file else None))
-    return 0
 
 
 def open_store(config: BrokerConfig):

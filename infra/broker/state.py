@@ -32,7 +32,7 @@ DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.byte
 @dataclass(frozen=True)
 class BrokerConfig:
     """Settings of one broker process; `agentstream broker`'s options are generated from the
-    documented fields (infra/cli/configs.py)."""
+    documented fields (infra/options/configs.py)."""
 
     data_dir: Path
     host: str = field(

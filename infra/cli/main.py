@@ -15,9 +15,6 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from infra.cli import output
-from infra.cli.options import apply_env_defaults
-from infra.cli.runtime import tune_gc
 from infra.commands import (
     bench,
     broker,
@@ -36,14 +33,19 @@ from infra.commands import (
     schema,
     sink,
     stack,
+    topics,
     trainer,
     worker,
 )
+from infra.options.env import apply_env_defaults
+from infra.runtime import tune_gc
+from infra.terminal import output
 from schemas.errors import AgentstreamError
 
 COMMAND_MODULES = (
     schema,
     broker,
+    topics,
     clickhouse,
     lineage,
     bench,

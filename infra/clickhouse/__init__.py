@@ -1,2 +1,5 @@
-"""ClickHouse for the top floor: the `db`, `sql`, `leaderboard` and `trajectory` commands and the
-analytics queries behind them. Connections and migrations live below, in `clients.clickhouse`."""
+"""The query layer over ClickHouse: parameter-bound SQL (sql.py), the analytics and leaderboard
+(analytics.py), the trajectory list and detail (browse.py) and the reward version shown
+(versions.py). The console, MCP, export and the commands read through it; it never prints and
+imports no command (the `db`, `sql`, `leaderboard` and `trajectory` commands are in
+infra/commands/clickhouse.py). Connections and migrations live below, in `clients.clickhouse`."""

@@ -1,5 +1,5 @@
 """One module per command family of `agentstream`: each has `register(subparsers)` and the handlers.
 
 Handlers are argument plumbing only: they build a config, call into the package that does the work,
-and report through `infra.cli.output`. Heavy imports happen inside the handlers.
+and report through `infra.terminal.output`. Heavy imports happen inside the handlers.
 """

@@ -1,27 +1,19 @@
-"""Subcommands contributed by this package (see infra/cli/main.py). Handlers are imported lazily.
-
-- `agentstream broker`: run the embedded Kafka-protocol broker (infra/broker/runner.py); its options
-  are generated from `infra.broker.state.BrokerConfig`.
-- `agentstream topics create|list|describe`: topic administration through kafka-python's admin
-  client, so they work against the embedded broker and any Apache Kafka alike.
+"""`agentstream broker`: run the embedded Kafka-protocol broker (its lifecycle is
+infra/broker/runner.py) until SIGTERM/SIGINT; its options are generated from
+`infra.broker.state.BrokerConfig`. The broker package knows nothing of this command line.
 """
 
 from __future__ import annotations
 
-from infra.broker import topics_cli
-from infra.broker.runner import run
+from pathlib import Path
+
 from infra.broker.state import BrokerConfig
-from infra.cli.configs import add_config_options
-from infra.cli.options import add_option, command_parser, group_parser
+from infra.options.configs import add_config_options, config_from_args
+from infra.options.env import add_option, command_parser
 
 
 def register(sub) -> None:
-    """Add this package's subcommands to the `agentstream` parser."""
-    _register_broker(sub)
-    _register_topics(sub)
-
-
-def _register_broker(sub) -> None:
+    """Add `agentstream broker` to the parser."""
     parser = command_parser(
         sub,
         "broker",
@@ -34,21 +26,20 @@ def _register_broker(sub) -> None:
     )
 
 
-def _register_topics(sub) -> None:
-    topics = group_parser(sub, "topics", "create, list and describe Kafka topics (any Kafka)")
-    create = command_parser(
-        topics,
-        "create",
-        topics_cli.create,
-        "create topics (no names: every topic of the agentstream registry)",
-    )
-    create.add_argument("names", nargs="*", help="topic names (default: the whole registry)")
-    add_option(create, "--partitions", type=int, default=1, help="partitions for named topics")
-    create.add_argument(
-        "--config", action="append", default=[], metavar="KEY=VALUE", help="topic config for named topics"
-    )
-    command_parser(topics, "list", topics_cli.list_topics, "list topic names")
-    describe = command_parser(
-        topics, "describe", topics_cli.describe, "show partitions and configs of topics"
-    )
-    describe.add_argument("names", nargs="*", help="topic names (default: every topic)")
+def broker_config(args) -> BrokerConfig:
+    """A `BrokerConfig` from parsed `agentstream broker` options (generated from its fields)."""
+    from infra.broker.runner import broker_dir
+    from schemas.settings import Settings
+
+    return config_from_args(BrokerConfig, args, data_dir=broker_dir(Settings.from_args(args).data_dir))
+
+
+def run(args) -> int:
+    """Serve until a signal arrives."""
+    import asyncio
+
+    from infra.broker.runner import serve
+
+    ready_file = Path(args.ready_file) if args.ready_file else None
+    asyncio.run(serve(broker_config(args), ready_file=ready_file))
+    return 0

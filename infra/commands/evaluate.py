@@ -12,8 +12,8 @@ import json
 import math
 from pathlib import Path
 
-from infra.cli import output
-from infra.cli.options import add_option, command_parser
+from infra.options.env import add_option, command_parser
+from infra.terminal import output
 from schemas.errors import AgentstreamError
 
 
@@ -111,7 +111,7 @@ def _runner():
 
 
 def _recorder(args, model: str):
-    from producers.recorder import AgentRecorder
+    from producers.sdk.recorder import AgentRecorder
     from schemas.settings import Settings
 
     settings = Settings.from_args(args)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from infra.cli import output
-from infra.cli.configs import add_config_options, config_from_args
-from infra.cli.options import add_option, command_parser
 from infra.export.config import ExportConfig
+from infra.options.configs import add_config_options, config_from_args
+from infra.options.env import add_option, command_parser
+from infra.terminal import output
 
 
 def register(sub) -> None:

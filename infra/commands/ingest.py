@@ -6,8 +6,8 @@ is shown) belongs to the command.
 
 from __future__ import annotations
 
-from infra.cli.configs import add_config_options, config_from_args
-from infra.cli.options import add_option, command_parser
+from infra.options.configs import add_config_options, config_from_args
+from infra.options.env import add_option, command_parser
 from producers.adapters.ingest import IngestConfig
 
 
@@ -34,7 +34,7 @@ def run_ingest(args) -> int:
     import orjson
     from tqdm import tqdm
 
-    from infra.cli import output
+    from infra.terminal import output
     from producers.adapters.ingest import format_summary, ingest, succeeded
     from producers.redaction_settings import settings_file
     from schemas.settings import Settings

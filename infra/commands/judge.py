@@ -13,8 +13,8 @@ Only argument handling and output live here; reading, fitting and publishing are
 
 from __future__ import annotations
 
-from infra.cli import output
-from infra.cli.options import add_option, command_parser
+from infra.options.env import add_option, command_parser
+from infra.terminal import output
 
 
 def register(sub) -> None:
@@ -101,7 +101,7 @@ def calibrate(args) -> int:
 
 
 def _show_report(rows, skipped, unmatched: int) -> None:
-    from infra.bench.report import format_table
+    from infra.terminal.tables import format_table
 
     output.say(format_table(rows) if rows else "no (domain, rubric) with enough labels to calibrate")
     output.lines(f"skipped {line}" for line in skipped)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from infra.cli import output
-from infra.cli.options import add_option, command_parser
+from infra.options.env import add_option, command_parser
+from infra.terminal import output
 
 
 def register(sub) -> None:

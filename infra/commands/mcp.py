@@ -6,10 +6,10 @@ stderr, and logging is on stderr as everywhere.
 
 from __future__ import annotations
 
-from infra.cli import output
-from infra.cli.configs import add_config_options, config_from_args
-from infra.cli.options import add_option, command_parser
 from infra.mcp.config import McpConfig
+from infra.options.configs import add_config_options, config_from_args
+from infra.options.env import add_option, command_parser
+from infra.terminal import output
 
 
 def register(sub) -> None:

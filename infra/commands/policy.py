@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.cli.configs import add_config_options, config_from_args
-from infra.cli.options import add_option, command_parser
+from infra.options.configs import add_config_options, config_from_args
+from infra.options.env import add_option, command_parser
 from producers.policy.requests import PolicyConfig
 
 

@@ -1,15 +1,15 @@
 """Subcommands of the producers package: `agentstream gateway`, `gateway-key` and `spool status|flush`.
 
-The gateway's options are generated from `producers.gateway_requests.GatewayConfig` (plus where to
+The gateway's options are generated from `producers.gateway.requests.GatewayConfig` (plus where to
 listen); handlers import the producers modules they run when they run.
 """
 
 from __future__ import annotations
 
-from infra.cli import output
-from infra.cli.configs import add_config_options, config_from_args
-from infra.cli.options import add_option, command_parser, group_parser
-from producers.gateway_requests import GatewayConfig
+from infra.options.configs import add_config_options, config_from_args
+from infra.options.env import add_option, command_parser, group_parser
+from infra.terminal import output
+from producers.gateway.requests import GatewayConfig
 
 
 def register(sub) -> None:
@@ -32,7 +32,7 @@ def register(sub) -> None:
 def run_gateway(args) -> int:
     import asyncio
 
-    from producers.gateway import serve
+    from producers.gateway.server import serve
     from producers.redaction_settings import settings_file
     from schemas.settings import Settings
 
@@ -53,14 +53,14 @@ def run_gateway(args) -> int:
 
 
 def run_gateway_key(args) -> int:
-    from producers.gateway import hash_key
+    from producers.gateway.server import hash_key
 
     output.say(hash_key(args.key))
     return 0
 
 
 def run_spool_status(args) -> int:
-    from producers.spool import slot_status
+    from producers.sdk.spool import slot_status
     from schemas.settings import Settings
 
     root = Settings.from_args(args).data_dir / "spool"
@@ -76,7 +76,7 @@ def run_spool_status(args) -> int:
 def run_spool_flush(args) -> int:
     from producers.delivery import DeliveryConfig, SpoolDelivery
     from producers.errors import ProducerError
-    from producers.spool import Spool, SpoolLocked
+    from producers.sdk.spool import Spool, SpoolLocked
     from schemas.settings import Settings
 
     settings = Settings.from_args(args)

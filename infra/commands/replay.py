@@ -8,7 +8,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from infra.cli.options import command_parser
+from infra.options.env import command_parser
 from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _timestamp(text: str) -> datetime:
 
 def run_replay(args) -> int:
     from infra import replay
-    from infra.cli import output
+    from infra.terminal import output
     from producers.reward_versions import completed_event, publish_completed
 
     settings = Settings.from_args(args)
@@ -208,7 +208,7 @@ def _trainer_args(args, plan) -> tuple[str, ...]:
     count and flushed within `--trainer-flush-s`; a group still short of members, or of one reward
     definition, is built after `--grace-seconds` (all the input is in the log already, so a member
     that has not come by then is not coming within the replayed range)."""
-    argv = ["trainer", "--group-id", plan.group("trainer"), "--reward-version", plan.reward_version]
+    argv = ["batch", "--group-id", plan.group("trainer"), "--reward-version", plan.reward_version]
     argv += ["--flush-interval-s", str(args.trainer_flush_s), "--idle-exit-s", str(args.trainer_idle_s)]
     argv += [
         "--group-timeout-s",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.cli import output
-from infra.cli.configs import add_config_options, config_from_args
-from infra.cli.options import command_parser
+from infra.options.configs import add_config_options, config_from_args
+from infra.options.env import command_parser
+from infra.terminal import output
 from producers.rollout.driver import RolloutConfig
 
 
@@ -22,8 +22,8 @@ def register(sub) -> None:
 def run_rollout(args) -> int:
     import producers.envs  # noqa: F401  (registers the built-in environments)
     from producers.envs.tasks import builtin_tasks, load_tasks
-    from producers.recorder import AgentRecorder
     from producers.rollout.driver import run
+    from producers.sdk.recorder import AgentRecorder
     from schemas.settings import Settings
 
     settings = Settings.from_args(args)

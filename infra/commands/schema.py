@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra.cli.options import command_parser, group_parser
+from infra.options.env import command_parser, group_parser
 
 
 def register(sub) -> None:
@@ -14,7 +14,7 @@ def register(sub) -> None:
 def export_command(args) -> int:
     from pathlib import Path
 
-    from infra.cli import output
+    from infra.terminal import output
     from schemas.export import export_schemas
 
     paths = export_schemas(Path(args.directory))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 
 from consumers.sink.runner import SinkConfig
-from infra.cli.configs import add_config_options, config_from_args
-from infra.cli.options import command_parser
+from infra.options.configs import add_config_options, config_from_args
+from infra.options.env import command_parser
 from schemas.settings import Settings
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from infra.cli import output
-from infra.cli.options import add_option, command_parser
+from infra.options.env import add_option, command_parser
+from infra.terminal import output
 from streams.config import DEFAULT_ROLES
 
 ROLES_HELP = (
@@ -17,11 +17,13 @@ def register(sub) -> None:
     status = command_parser(sub, "status", status_command, "per-stage lag, throughput, DLQ")
     add_option(status, "--sample-seconds", type=float, default=1.0, help="throughput sampling window")
 
-    demo = command_parser(sub, "demo", demo_command, "run simulated agents through the whole loop")
-    add_option(
-        demo, "--episodes", type=int, default=144, help="episodes to run (tasks x policies x group size)"
+    demo = command_parser(
+        sub, "demo", demo_command, "run built-in env tasks through rollout, the policy server, the whole loop"
     )
-    add_option(demo, "--group-size", type=int, default=4, help="rollouts per task and policy (a GRPO group)")
+    add_option(
+        demo, "--episodes", type=int, default=48, help="episodes: built-in tasks x group size (at most 48)"
+    )
+    add_option(demo, "--group-size", type=int, default=4, help="rollouts per task (a GRPO group)")
     add_option(demo, "--keep", action="store_true", default=False, help="keep the previous demo data")
     add_option(
         demo,
@@ -76,9 +78,11 @@ def _register_up(sub) -> None:
         default="",
         help='more `agentstream train` options for --train, one string (e.g. "--base-model DIR --lora-r 16")',
     )
-    add_option(up, "--no-console", action="store_true", default=False, help="do not run the web console")
+    add_option(up, "--console", action="store_true", default=True, help="run the web console")
     add_option(up, "--console-port", type=int, default=8090, help="web console port (127.0.0.1)")
-    add_option(up, "--no-trainer", action="store_true", default=False, help="do not run the trainer consumer")
+    add_option(
+        up, "--trainer", action="store_true", default=True, help="run the batch builder (`agentstream batch`)"
+    )
     add_option(
         up,
         "--engine",
@@ -122,8 +126,8 @@ def _stack_config(args):
         gateway_port=args.gateway_port,
         policy=bool(args.policy),
         policy_port=args.policy_port,
-        trainer=not args.no_trainer,
-        console=not args.no_console,
+        trainer=bool(args.trainer),
+        console=bool(args.console),
         console_port=args.console_port,
         train=bool(args.train),
         train_args=tuple(shlex.split(args.train_args or "")),
@@ -167,9 +171,9 @@ def _announce(message: str) -> None:
 def status_command(args) -> int:
     from pathlib import Path
 
-    from infra.bench.report import format_table
     from infra.stack import read_state
     from infra.status import collect
+    from infra.terminal.tables import format_table
     from schemas.settings import Settings
 
     settings = Settings.from_args(args)

@@ -1,11 +1,12 @@
-"""`agentstream trainer` and `agentstream train` (argument plumbing only).
+"""`agentstream batch` and `agentstream train` (argument plumbing only).
 
-- `trainer`: the batch-building consumer of `trajectory.scored`; its options are generated from
+- `batch`: the batch-building consumer of `trajectory.scored`; its options are generated from
   `consumers.trainer.config.TrainerConsumerConfig` (planner, SFT / DPO / GRPO builders, groups).
 - `train`: the training executor, on one batch file or following `training.batches`; options from
   `consumers.trainer.config.TrainRunConfig` (with the executor's `TrainConfig`).
 
-Adding an option to either is adding a documented field to its config. The work happens in
+`trainer` is the old name of `batch`, kept for one release: it runs `batch` after a one-line note on
+stderr. Adding an option to either is adding a documented field to its config. The work happens in
 `consumers.trainer.consumer.run_trainer` and `consumers.trainer.follow` (torch imported there).
 """
 
@@ -15,18 +16,24 @@ import argparse
 
 from consumers.errors import ConsumerConfigError
 from consumers.trainer.config import TrainerConsumerConfig, TrainRunConfig
-from infra.cli import output
-from infra.cli.configs import add_config_options, config_from_args
-from infra.cli.options import command_parser
+from infra.options.configs import add_config_options, config_from_args
+from infra.options.env import command_parser
+from infra.terminal import output
 from schemas.settings import Settings
+
+BATCH_HELP = "build SFT / DPO / GRPO batches from trajectory.scored"
+RENAMED = (
+    "agentstream: `trainer` is now `batch` (it builds batches; `train` trains); "
+    "the old name goes in the next release"
+)
 
 
 def register(sub) -> None:
-    """Add `trainer` and `train` to the `agentstream` parser."""
-    trainer = command_parser(
-        sub, "trainer", run_trainer, "build SFT / DPO / GRPO batches from trajectory.scored"
-    )
-    add_config_options(trainer, TrainerConsumerConfig)
+    """Add `batch` (and its old name `trainer`) and `train` to the `agentstream` parser."""
+    batch = command_parser(sub, "batch", run_batch, BATCH_HELP)
+    add_config_options(batch, TrainerConsumerConfig)
+    old_name = command_parser(sub, "trainer", run_renamed_trainer, "old name of `batch` (deprecated)")
+    add_config_options(old_name, TrainerConsumerConfig)
     train = command_parser(
         sub, "train", run_train, "train on batches (LoRA): one file, or follow training.batches"
     )
@@ -43,10 +50,15 @@ def _config(cls, args: argparse.Namespace):
         raise ConsumerConfigError(str(exc)) from None
 
 
-def run_trainer(args: argparse.Namespace) -> int:
-    from consumers.trainer.consumer import run_trainer as run
+def run_batch(args: argparse.Namespace) -> int:
+    from consumers.trainer.consumer import run_trainer
 
-    return run(_config(TrainerConsumerConfig, args))
+    return run_trainer(_config(TrainerConsumerConfig, args))
+
+
+def run_renamed_trainer(args: argparse.Namespace) -> int:
+    output.warn(RENAMED)
+    return run_batch(args)
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from infra.cli.configs import add_config_options, config_from_args, config_to_argv
-from infra.cli.options import command_parser
+from infra.options.configs import add_config_options, config_from_args, config_to_argv
+from infra.options.env import command_parser
 from schemas.settings import Settings
 from streams.config import WorkerConfig
 

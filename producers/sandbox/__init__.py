@@ -6,29 +6,15 @@
         box.run("shell", {"command": ["python", "a.py"], "timeout_s": 5})
 
 `LocalSandbox` runs commands as child processes under rlimits (and, where the kernel allows, in
-a user + network namespace); `DockerSandbox` runs them in a container. Exports resolve lazily.
+a user + network namespace); `DockerSandbox` runs them in a container. The parts import only the
+standard library, so the package imports them directly.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from producers.sandbox.base import Sandbox, ToolResult
+from producers.sandbox.docker import DockerSandbox, make_sandbox
+from producers.sandbox.errors import SandboxError
+from producers.sandbox.local import Limits, LocalSandbox
 
 __all__ = ["DockerSandbox", "Limits", "LocalSandbox", "Sandbox", "SandboxError", "ToolResult", "make_sandbox"]
-
-_WHERE = {
-    "Sandbox": "base",
-    "ToolResult": "base",
-    "SandboxError": "errors",
-    "Limits": "local",
-    "LocalSandbox": "local",
-    "DockerSandbox": "docker",
-    "make_sandbox": "docker",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'producers.sandbox' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"producers.sandbox.{_WHERE[name]}"), name)

@@ -2,38 +2,69 @@
 
 - layers import only downward: schemas < clients < producers | streams | consumers < infra, and the
   three middle packages do not import each other;
-- no import cycle between modules (lazy imports inside functions count too: they are the same edge);
+- floors inside `infra/`: each room (a direct child, sub-package or module) has a floor in
+  INFRA_RANK and imports only rooms on lower floors;
+- no import cycle between modules, and none between the rooms of any package or folder (lazy
+  imports inside functions count too: they are the same edge);
+- no import strings (`import_module(...)`, `__import__(...)`) in product code, and children started
+  by module name (`python -m ...`) only through `infra.runtime.python_module_argv`;
 - no module over 500 lines; no function over 50 lines unless its docstring says why ("Long: ...").
+
+The checkers are functions of a graph, so the last tests run them on a small tree with a deliberate
+back-edge and show that they catch it.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 RANK = {"schemas": 0, "clients": 1, "producers": 2, "streams": 2, "consumers": 2, "infra": 3}
+# Floors of infra/, low to high. A room imports only rooms on a lower floor (never the same one).
+INFRA_RANK = {
+    "errors": 0,  # the exception root
+    "terminal": 1,  # say / lines / tables: what a person at the terminal sees
+    "options": 1,  # the option kit: env-backed options, options generated from config dataclasses
+    "runtime": 1,  # how processes run: `python -m` child command lines, gc settings
+    "broker": 2,  # the embedded Kafka broker: schemas, clients and infra.errors only
+    "supervisor": 2,  # child processes of the stack, stopped by PID
+    "clickhouse": 2,  # the query layer (no commands, no printing)
+    "status": 2,
+    "replay": 2,
+    "stack": 3,  # the supervised stack: supervisor + migrations through the query layer
+    "lineage": 3,
+    "export": 3,
+    "docker_engine": 4,
+    "console": 4,  # the read-side apps over the query layer
+    "mcp": 4,
+    "demo": 5,  # the guided tour and the learning loop, over the stack
+    "learn": 5,
+    "bench": 6,  # the benchmark lab, over everything it measures
+    "commands": 7,  # the `agentstream` subcommands
+    "cli": 8,  # the parser and `main`: nothing imports it
+}
+MODULE_FLAG_HOME = "infra.runtime"  # the one module that writes `"-m"` (python_module_argv)
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 50
 
 
-def _modules() -> dict[str, Path]:
+def modules_under(root: Path, packages: Iterable[str]) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of `packages` under `root`."""
     out = {}
-    for package in RANK:
-        for path in sorted((REPO / package).rglob("*.py")):
-            parts = list(path.relative_to(REPO).with_suffix("").parts)
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
             out[".".join(parts)] = path
     return out
 
 
-MODULES = _modules()
-
-
-def _imports(name: str, path: Path) -> set[str]:
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """Project modules imported by one module (absolute and relative, top level and lazy)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -47,42 +78,74 @@ def _imports(name: str, path: Path) -> set[str]:
                 anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
             for alias in node.names:  # `from pkg import mod` is an edge to the module, not to pkg
-                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
-    return {_owner(m) for m in found if _owner(m)}
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return {_owner(m, modules) for m in found if _owner(m, modules)}
 
 
-def _owner(dotted: str) -> str | None:
+def _owner(dotted: str, modules: dict[str, Path]) -> str | None:
     """The project module a dotted import name refers to (a module, or the package of a name)."""
     while dotted:
-        if dotted in MODULES:
+        if dotted in modules:
             return dotted
         dotted = dotted.rpartition(".")[0]
     return None
 
 
-GRAPH = {name: _imports(name, path) - {name} for name, path in MODULES.items()}
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the project modules it imports."""
+    return {name: _imports(name, path, modules) - {name} for name, path in modules.items()}
 
 
-def test_layers_import_only_downward():
-    bad = []
-    for name, targets in GRAPH.items():
-        top = name.split(".")[0]
+MODULES = modules_under(REPO, RANK)
+GRAPH = import_graph(MODULES)
+
+
+def room_of(module: str, folder: str) -> str | None:
+    """The direct child of package `folder` that `module` lives in (None outside it, or for
+    the package itself).
+
+    >>> room_of("infra.cli.main", "infra"), room_of("infra.errors", "infra"), room_of("infra", "infra")
+    ('cli', 'errors', None)
+    """
+    if not module.startswith(folder + "."):
+        return None
+    return module[len(folder) + 1 :].split(".")[0]
+
+
+def room_edges(graph: dict[str, set[str]], folder: str) -> dict[str, set[str]]:
+    """Room -> rooms it imports, among the direct children of `folder`."""
+    edges: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        source = room_of(name, folder)
         for target in targets:
-            other = target.split(".")[0]
-            if other != top and RANK[other] >= RANK[top]:
+            room = room_of(target, folder)
+            if source is not None and room is not None and room != source:
+                edges.setdefault(source, set()).add(room)
+    return edges
+
+
+def floor_violations(graph: dict[str, set[str]], folder: str, rank: dict[str, int]) -> list[str]:
+    """Imports from a room to one on the same or a higher floor, and rooms without a floor."""
+    rooms = {room_of(name, folder) for name in graph} - {None}
+    bad = [f"{folder}.{room}: no floor in the rank table" for room in sorted(rooms - set(rank))]
+    for name, targets in sorted(graph.items()):
+        source = room_of(name, folder)
+        for target in sorted(targets):
+            room = room_of(target, folder)
+            if source in rank and room in rank and room != source and rank[room] >= rank[source]:
                 bad.append(f"{name} -> {target}")
-    assert not bad, "imports against the layers:\n" + "\n".join(sorted(bad))
+    return bad
 
 
-def _cycles() -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
+def strong_components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
     index, low, stack, on_stack, out = {}, {}, [], set(), []
 
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in GRAPH[v]:
+        for w in graph.get(v, ()):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -99,15 +162,83 @@ def _cycles() -> list[list[str]]:
             if len(component) > 1:
                 out.append(sorted(component))
 
-    for v in GRAPH:
+    for v in sorted(set(graph) | {w for targets in graph.values() for w in targets}):
         if v not in index:
             visit(v)
     return out
 
 
+def folder_cycles(graph: dict[str, set[str]], modules: dict[str, Path]) -> list[str]:
+    """Loops among the rooms of every package and every folder nested inside one."""
+    folders = sorted(name for name, path in modules.items() if path.name == "__init__.py")
+    return [
+        f"{folder}/: " + " <-> ".join(loop)
+        for folder in folders
+        for loop in strong_components(room_edges(graph, folder))
+    ]
+
+
+def import_strings(modules: dict[str, Path]) -> list[str]:
+    """Calls that import a module named by a string: `import_module(...)` or `__import__(...)`."""
+    found = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if called in ("import_module", "__import__"):
+                    found.append(f"{name}:{node.lineno} {called}(...)")
+    return found
+
+
+def module_flags(modules: dict[str, Path], package: str, home: str) -> list[str]:
+    """`"-m"` literals of `package` outside `home`: a child started by module name elsewhere."""
+    found = []
+    for name, path in modules.items():
+        if name.split(".")[0] != package or name == home:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value == "-m":
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def test_layers_import_only_downward():
+    bad = []
+    for name, targets in GRAPH.items():
+        top = name.split(".")[0]
+        for target in targets:
+            other = target.split(".")[0]
+            if other != top and RANK[other] >= RANK[top]:
+                bad.append(f"{name} -> {target}")
+    assert not bad, "imports against the layers:\n" + "\n".join(sorted(bad))
+
+
+def test_infra_rooms_import_only_lower_floors():
+    bad = floor_violations(GRAPH, "infra", INFRA_RANK)
+    assert not bad, "imports against the floors of infra/ (INFRA_RANK):\n" + "\n".join(bad)
+
+
 def test_no_import_cycles():
-    cycles = _cycles()
+    cycles = strong_components(GRAPH)
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_no_folder_level_cycles():
+    loops = folder_cycles(GRAPH, MODULES)
+    assert not loops, "rooms of a folder in one loop:\n" + "\n".join(loops)
+
+
+def test_no_import_strings_in_product_code():
+    found = import_strings(MODULES)
+    assert not found, "modules imported by a string (import them directly):\n" + "\n".join(found)
+
+
+def test_children_started_by_module_name_go_through_one_helper():
+    found = module_flags(MODULES, "infra", MODULE_FLAG_HOME)
+    assert not found, "`-m` outside infra.runtime (use python_module_argv / agentstream_argv):\n" + "\n".join(
+        found
+    )
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -127,3 +258,71 @@ def test_long_functions_say_why():
             if length > MAX_FUNCTION_LINES and "Long:" not in doc:
                 long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({length} lines)")
     assert not long, "functions over 50 lines without a 'Long: <why>' docstring:\n" + "\n".join(long)
+
+
+# The checkers on a small tree: clean, then with one deliberate back-edge (a lazy import, which
+# counts like any other), an import string and a `-m` child outside the helper.
+_TREE = {
+    "infra/__init__.py": "",
+    "infra/errors.py": "class InfraError(Exception): ...\n",
+    "infra/terminal/__init__.py": "",
+    "infra/terminal/output.py": "from infra.errors import InfraError\n\n\ndef say(text): ...\n",
+    "infra/commands/__init__.py": "",
+    "infra/commands/sql.py": "from infra.terminal.output import say\n",
+    "infra/cli/__init__.py": "from infra.cli.main import main\n",
+    "infra/cli/main.py": "from infra.commands import sql\n\n\ndef main(): ...\n",
+}
+_FAKE_RANK = {"errors": 0, "terminal": 1, "commands": 2, "cli": 3}
+
+
+def _fake_tree(root: Path, extra: dict[str, str]) -> dict[str, Path]:
+    for relative, text in {**_TREE, **extra}.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(text)
+    return modules_under(root, ["infra"])
+
+
+def test_the_checks_pass_a_tree_without_back_edges(tmp_path):
+    modules = _fake_tree(tmp_path, {})
+    graph = import_graph(modules)
+    assert graph["infra.cli.main"] == {"infra.commands.sql"}
+    assert floor_violations(graph, "infra", _FAKE_RANK) == []
+    assert folder_cycles(graph, modules) == []
+    assert import_strings(modules) == []
+    assert module_flags(modules, "infra", "infra.runtime") == []
+
+
+def test_the_checks_report_a_deliberate_back_edge(tmp_path):
+    back_edge = "from infra.errors import InfraError\n\n\ndef say(text):\n    from infra.cli import main\n"
+    modules = _fake_tree(tmp_path, {"infra/terminal/output.py": back_edge})
+    graph = import_graph(modules)
+    assert floor_violations(graph, "infra", _FAKE_RANK) == ["infra.terminal.output -> infra.cli.main"]
+    assert folder_cycles(graph, modules) == ["infra/: cli <-> commands <-> terminal"]
+
+
+def test_the_checks_report_a_nested_folder_loop_and_a_room_without_a_floor(tmp_path):
+    nested = {
+        "infra/commands/parts/__init__.py": "",
+        "infra/commands/parts/a.py": "from infra.commands.parts import b\n",
+        "infra/commands/parts/b.py": "import infra.commands.parts.c\n",
+        "infra/commands/parts/c.py": "from infra.commands.parts.a import x\n",
+        "infra/lab.py": "",
+    }
+    modules = _fake_tree(tmp_path, nested)
+    graph = import_graph(modules)
+    assert folder_cycles(graph, modules) == ["infra.commands.parts/: a <-> b <-> c"]
+    assert floor_violations(graph, "infra", _FAKE_RANK) == ["infra.lab: no floor in the rank table"]
+
+
+def test_the_checks_report_import_strings_and_module_children(tmp_path):
+    extra = {
+        "infra/commands/sql.py": "import importlib\n\nimportlib.import_module('infra.errors')\n",
+        "infra/errors.py": "x = __import__('os')\n",
+        "infra/cli/main.py": "import sys\n\nARGV = [sys.executable, '-m', 'infra.cli']\n",
+    }
+    modules = _fake_tree(tmp_path, extra)
+    assert sorted(import_strings(modules)) == [
+        "infra.commands.sql:3 import_module(...)",
+        "infra.errors:1 __import__(...)",
+    ]
+    assert module_flags(modules, "infra", "infra.runtime") == ["infra.cli.main:3"]

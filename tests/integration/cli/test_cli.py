@@ -74,7 +74,8 @@ def test_options_fall_back_to_environment_and_say_so(tmp_path):
     help_text = _run("schema", "export", "--help").stdout
     assert "AGENTSTREAM_DATA_DIR" in help_text and "AGENTSTREAM_BOOTSTRAP_SERVERS" in help_text
 
-    from infra.cli import apply_env_defaults, build_parser
+    from infra.cli import build_parser
+    from infra.options.env import apply_env_defaults
 
     parser = build_parser()
     os.environ["AGENTSTREAM_DATA_DIR"] = str(tmp_path / "from-env")

@@ -23,7 +23,7 @@ def exported(filled_chdb, agentstream_export, tmp_path_factory):
     for kind, fmt in FORMATS.items():
         done = agentstream_export(
             "--clickhouse-url", filled_chdb, "--kind", kind, "--format", fmt, "--out", root / kind,
-            "--require-success", "false",
+            "--no-require-success",
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         out[kind] = datasets.load_dataset(str(root / kind))

@@ -18,7 +18,7 @@ from clients.kafka import ensure_topics
 from consumers.trainer.batch_writer import BatchStore
 from schemas import topics
 from schemas.events import EpisodeStarted
-from streams.judge.messages_server import MessagesServer
+from tests.support.judge_servers.messages import MessagesServer
 from tests.support.processes import AGENTSTREAM, Proc, wait_for
 from tests.support.sink_harness import reader, rows, start_sink
 from tests.support.streams_helpers import make_trajectory, publish, read_topic, worker_args
@@ -55,7 +55,7 @@ def _all_assembled(bootstrap: str):
 
 
 def _trainer(bootstrap: str, data_dir, log_path) -> Proc:
-    args = [*AGENTSTREAM, "trainer", "--bootstrap-servers", bootstrap, "--data-dir", str(data_dir)]
+    args = [*AGENTSTREAM, "batch", "--bootstrap-servers", bootstrap, "--data-dir", str(data_dir)]
     args += ["--kinds", "grpo", "--retokenize", "--group-size", str(SIZE), "--group-timeout-s", "600"]
     args += ["--batch-trajectories", str(GROUPS * SIZE), "--flush-interval-s", "0.3"]
     return Proc(args, log_path)

@@ -166,7 +166,7 @@ def test_bad_requests_get_openai_errors_naming_the_field(server):
 
 
 def test_an_api_key_is_required_when_configured(tmp_path, broker, tiny):
-    from producers.gateway_requests import hash_key
+    from producers.gateway.requests import hash_key
 
     env = {"AGENTSTREAM_POLICY_API_KEY_HASHES": hash_key("s3cret")}
     with policy_server(tmp_path, broker.bootstrap, tiny, env=env) as (url, _):
@@ -219,28 +219,29 @@ def test_policy_updated_switches_the_version_under_load_without_mixing(tmp_path,
 
     # a second update loads while v1 serves
     publish_policy(
-        broker.bootstrap, "v1b", make_checkpoint(tiny, tmp_path / "checkpoints", "v1b", seed=2), "v1"
+        broker.bootstrap, "v2", make_checkpoint(tiny, tmp_path / "checkpoints", "v2", seed=2), "v1"
     )
 
     def version_now():
         reply = client(url).chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "x"}], max_tokens=2
         )
-        return reply.policy_version == "v1b"
+        return reply.policy_version == "v2"
 
     wait_for(version_now, timeout_s=60, what="the second update served")
 
-    # a corrupt checkpoint keeps v1b serving and logs one clear error naming it
-    broken = tmp_path / "checkpoints" / "v2"
+    # a corrupt checkpoint keeps v2 serving and logs one clear error naming it (not retried)
+    broken = tmp_path / "checkpoints" / "v3"
     (broken / "adapter").mkdir(parents=True)
     (broken / "adapter" / "adapter_config.json").write_text("{not json")
-    publish_policy(broker.bootstrap, "v2", broken, previous="v1b")
-    wait_for(lambda: "v2 not served" in proc.log_text(), timeout_s=60, what="the reload error")
+    publish_policy(broker.bootstrap, "v3", broken, previous="v2")
+    wait_for(lambda: "v3 not served" in proc.log_text(), timeout_s=60, what="the reload error")
     assert str(broken) in proc.log_text()
     after = client(url).chat.completions.create(
         model="policy", messages=[{"role": "user", "content": "x"}], max_tokens=2
     )
-    assert after.policy_version == "v1b"
+    assert after.policy_version == "v2"
+    assert proc.log_text().count("v3 not served") == 1
 
     steps = [s for s in recorded_steps(broker.bootstrap) if s.trajectory_id.startswith("t-load-")]
     versions = {s.policy_version for s in steps}
@@ -278,8 +279,8 @@ def test_broker_down_while_serving_loses_no_step(tmp_path, broker, tiny):
 def test_proxy_mode_records_the_same_fields_as_the_built_in_backend(tmp_path, broker, tiny, local_engine):
     upstream_root, proxy_root = tmp_path / "upstream", tmp_path / "proxy"
     upstream_root.mkdir(), proxy_root.mkdir()
-    with policy_server(upstream_root, broker.bootstrap, tiny, "--record", "false") as (upstream, _):
-        proxy_args = ("--upstream", f"{upstream}/v1", "--follow", "false")
+    with policy_server(upstream_root, broker.bootstrap, tiny, "--no-record") as (upstream, _):
+        proxy_args = ("--upstream", f"{upstream}/v1", "--no-follow")
         with policy_server(proxy_root, broker.bootstrap, tiny, *proxy_args) as (url, _):
             api = client(url, "t-proxy")
             messages = [{"role": "user", "content": "List the files."}]

@@ -27,7 +27,7 @@ def _group(task: str, definitions: list[str], revision: int = 0):
 
 def test_mixed_groups_wait_for_agreement_then_keep_one_definition(broker, tmp_path):
     ensure_topics(broker.bootstrap)
-    args = [*AGENTSTREAM, "trainer", "--bootstrap-servers", broker.bootstrap, "--data-dir", str(tmp_path)]
+    args = [*AGENTSTREAM, "batch", "--bootstrap-servers", broker.bootstrap, "--data-dir", str(tmp_path)]
     args += ["--kinds", "grpo", "--retokenize", "--group-size", "4", "--group-timeout-s", "600"]
     args += ["--batch-trajectories", "4", "--flush-interval-s", "0.3", "--group-definition-wait-s", "20"]
     trainer = Proc(args, tmp_path / "trainer.log")

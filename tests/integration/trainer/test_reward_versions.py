@@ -31,7 +31,7 @@ def _versions() -> list:
 
 def _trainer(bootstrap: str, workdir: Path, name: str, *extra: str) -> Proc:
     workdir.mkdir()
-    args = [*AGENTSTREAM, "trainer", "--bootstrap-servers", bootstrap, "--data-dir", str(workdir)]
+    args = [*AGENTSTREAM, "batch", "--bootstrap-servers", bootstrap, "--data-dir", str(workdir)]
     args += ["--group-id", f"trainer-{name}", "--kinds", "grpo", "--retokenize", "--group-size", "4"]
     args += ["--batch-trajectories", "4", "--flush-interval-s", "0.3", *extra]
     return Proc(args, workdir / "trainer.log")

@@ -3,7 +3,8 @@
 - exactly-once: kill -9 the consumer several times while 1,000 trajectories stream in; at the end
   every eligible trajectory is in exactly one batch of each kind, and every manifest has its
   `batch.built` event (duplicates only with the same event id).
-- the executor follows `training.batches` and publishes `policy.updated`.
+- the executor follows `training.batches` and publishes `policy.updated`; a record there it cannot
+  train on reaches the DLQ with its coordinates and the next batch still trains.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _read_all(bootstrap, topic):
 
 
 def _trainer(broker, data_dir, log_name):
-    args = [*AGENTSTREAM, "trainer", "--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir)]
+    args = [*AGENTSTREAM, "batch", "--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir)]
     args += ["--kinds", "sft,dpo,dpo_step,grpo", "--batch-trajectories", "40", "--flush-interval-s", "0.3"]
     args += ["--group-size", str(GROUP), "--group-timeout-s", "600", "--log-level", "INFO", "--retokenize"]
     return Proc(args, data_dir.parent / log_name)
@@ -173,23 +174,23 @@ def test_republishes_a_batch_whose_event_was_lost(broker, data_dir):
     )
 
 
-def test_executor_follows_batches_and_publishes_policy_updates(broker, data_dir):
-    from clients.kafka import ensure_topics
+def _sft_manifest(data_dir):
+    """One SFT batch file with its manifest, from the golden group."""
     from consumers.trainer.builders import SFTBuilder, SFTBuilderConfig
     from tests.support.trainer_data import golden_group
 
-    ensure_topics(broker.bootstrap)
     rows = SFTBuilder(SFTBuilderConfig(require_success=False)).build(golden_group())
-    meta = {
-        "trajectory_ids": [r["trajectory_id"] for r in rows],
-        "content_hashes": [],
-        "source_offsets": {},
-        "reward_versions": [],
-        "calibration_versions": [],
-        "policy_versions": [],
-        "builder_config": {},
-    }
-    manifest = BatchStore(data_dir).write("sft", rows, meta)
+    meta = {"trajectory_ids": [r["trajectory_id"] for r in rows], "content_hashes": [], "source_offsets": {},
+            "reward_versions": [], "calibration_versions": [], "policy_versions": [],
+            "builder_config": {}}  # fmt: skip
+    return BatchStore(data_dir).write("sft", rows, meta)
+
+
+def test_executor_follows_batches_and_publishes_policy_updates(broker, data_dir):
+    from clients.kafka import ensure_topics
+
+    ensure_topics(broker.bootstrap)
+    manifest = _sft_manifest(data_dir)
     producer = _producer(broker.bootstrap)
     producer.send(
         topics.TRAINING_BATCHES, key=manifest.batch_id.encode(), value=encode(manifest.event())
@@ -219,7 +220,7 @@ def test_tokenized_parquet_batches_and_idle_exit(broker, data_dir):
     producer = _producer(broker.bootstrap)
     _publish(producer, synthetic(16, group_size=GROUP))
     producer.close()
-    args = [*AGENTSTREAM, "trainer", "--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir)]
+    args = [*AGENTSTREAM, "batch", "--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir)]
     args += [
         "--kinds",
         "sft_tokenized,grpo",
@@ -243,3 +244,32 @@ def test_tokenized_parquet_batches_and_idle_exit(broker, data_dir):
     assert any(
         r["num_chunks"] > 1 for r in rows
     )  # 550 tokens (the prompt is ~360) forces step-boundary chunks
+
+
+def test_a_bad_batch_record_is_dead_lettered_with_its_coordinates_and_the_executor_goes_on(broker, data_dir):
+    from clients.kafka import ensure_topics
+
+    ensure_topics(broker.bootstrap)
+    manifest = _sft_manifest(data_dir)
+    producer = _producer(broker.bootstrap)
+    bad = producer.send(topics.TRAINING_BATCHES, key=b"bad-batch", value=b"{not a batch").get(30)
+    good = producer.send(
+        topics.TRAINING_BATCHES, key=manifest.batch_id.encode(), value=encode(manifest.event())
+    ).get(30)
+    producer.close()
+    assert (bad.partition, bad.offset) != (good.partition, good.offset)
+    common = ["--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir), "--base-model", "tiny"]
+    follow = Proc(
+        [*AGENTSTREAM, "train", "--follow", "--idle-exit-s", "3", *common], data_dir.parent / "follow.log"
+    )
+    assert follow.popen.wait(timeout=180) == 0, follow.log_text()[-3000:]
+    follow.stop()
+    [letter] = [d for d in _read_all(broker.bootstrap, topics.DLQ) if d.stage == "executor"]
+    assert (letter.source_topic, letter.source_partition, letter.source_offset) == (
+        topics.TRAINING_BATCHES,
+        bad.partition,
+        bad.offset,
+    )
+    assert letter.payload == "{not a batch" and letter.source_key == "bad-batch"
+    [update] = _read_all(broker.bootstrap, topics.POLICY_UPDATES)
+    assert (update.policy_version, update.batch_ids) == ("v1", [manifest.batch_id])

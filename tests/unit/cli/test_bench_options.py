@@ -7,8 +7,8 @@ import doctest
 
 import pytest
 
-from infra.cli import options
 from infra.cli.main import main
+from infra.options import env as options
 
 
 def test_the_type_behind_it_keeps_its_examples():

@@ -1,4 +1,5 @@
-"""Options generated from config dataclasses (infra/cli/configs.py): written once, parsed back, forwarded."""
+"""Options generated from config dataclasses (infra/options/configs.py): written once, parsed back,
+forwarded."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Literal
 
 import pytest
 
-from infra.cli.configs import add_config_options, config_from_args, config_to_argv
-from infra.cli.options import apply_env_defaults
+from infra.options.configs import add_config_options, config_from_args, config_to_argv
+from infra.options.env import apply_env_defaults
 from schemas.errors import AgentstreamError
 
 
@@ -64,7 +65,7 @@ def test_every_documented_field_is_an_option_with_its_help_and_env_var():
 
 
 def test_values_are_converted_to_the_field_types():
-    argv = "--count 7 --kinds x,y --horizon 8,12 --file /tmp/f --strict false"
+    argv = "--count 7 --kinds x,y --horizon 8,12 --file /tmp/f --no-strict"
     argv += " --dpo-margin 0.5 --dpo-strategy all"
     args = parse(argv.split())
     config = config_from_args(Example, args)
@@ -101,6 +102,7 @@ def test_config_to_argv_rebuilds_the_same_config_in_a_child():
         count=4, kinds=("q",), horizon=(3,), path=Path("/p"), strict=False, inner=Inner(0.3, "all")
     )
     argv = config_to_argv(config)
+    assert "--no-strict" in argv  # a boolean is a flag, never `--strict false`
     assert config_from_args(Example, parse(argv)) == config
     assert config_to_argv(Example()) == []  # defaults are not repeated
 

@@ -1,4 +1,4 @@
-"""Every `agentstream` process raises the garbage collector's thresholds (infra/cli/runtime.py);
+"""Every `agentstream` process raises the garbage collector's thresholds (infra/runtime.py);
 `AGENTSTREAM_GC_THRESHOLDS` overrides them, and a bad value is a one-line error naming it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from infra.cli.runtime import ENV, GC_THRESHOLDS, default_gc, gc_thresholds, tune_gc
 from infra.errors import InfraError
+from infra.runtime import ENV, GC_THRESHOLDS, default_gc, gc_thresholds, tune_gc
 
 
 @pytest.fixture

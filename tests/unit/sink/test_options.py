@@ -8,9 +8,9 @@ import pytest
 
 from consumers.errors import ConsumerConfigError
 from consumers.sink.runner import SinkConfig, write_ready_file
-from infra.cli.configs import config_from_args
 from infra.cli.main import build_parser
-from infra.cli.options import apply_env_defaults
+from infra.options.configs import config_from_args
+from infra.options.env import apply_env_defaults
 
 
 def _config(argv: list[str]) -> SinkConfig:

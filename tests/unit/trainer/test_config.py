@@ -13,9 +13,9 @@ from consumers.trainer.batch_writer import BatchStore
 from consumers.trainer.config import TrainerConsumerConfig, TrainRunConfig
 from consumers.trainer.kinds import DEFAULT_KINDS, KINDS, METHODS, follow_kind
 from consumers.trainer.planner import GroupLane, Planner, PlannerConfig
-from infra.cli.configs import config_from_args
 from infra.cli.main import build_parser
-from infra.cli.options import apply_env_defaults
+from infra.options.configs import config_from_args
+from infra.options.env import apply_env_defaults
 from schemas.errors import AgentstreamError
 
 
@@ -32,7 +32,7 @@ def _command(name: str):
     return sub.choices[name]
 
 
-@pytest.mark.parametrize("name", ["trainer", "train"])
+@pytest.mark.parametrize("name", ["batch", "trainer", "train"])  # trainer: the old name of batch
 def test_every_option_has_help_and_names_its_env_var(name):
     options = [a for a in _command(name)._actions if a.option_strings and a.dest != "help"]
     assert len(options) > 15
@@ -41,8 +41,8 @@ def test_every_option_has_help_and_names_its_env_var(name):
 
 
 def test_trainer_flags_build_the_nested_configs():
-    args = _parse(["trainer", "--kinds", "dpo,grpo", "--dpo-max-pairs", "3", "--group-size", "6",
-                   "--max-policy-lag", "2", "--require-success", "false",
+    args = _parse(["batch", "--kinds", "dpo,grpo", "--dpo-max-pairs", "3", "--group-size", "6",
+                   "--max-policy-lag", "2", "--no-require-success",
                    "--format", "parquet"])  # fmt: skip
     config = config_from_args(TrainerConsumerConfig, args)
     assert config.planner.kinds == ("dpo", "grpo")
@@ -60,7 +60,7 @@ def test_trainer_flags_build_the_nested_configs():
 def test_trainer_options_fall_back_to_their_env_vars(monkeypatch):
     monkeypatch.setenv("AGENTSTREAM_DPO_MAX_PAIRS", "5")
     monkeypatch.setenv("AGENTSTREAM_GROUP_TIMEOUT_S", "12.5")
-    config = config_from_args(TrainerConsumerConfig, _parse(["trainer"]))
+    config = config_from_args(TrainerConsumerConfig, _parse(["batch"]))
     assert config.planner.dpo.max_pairs_per_group == 5
     assert config.planner.groups.timeout_s == 12.5
     assert config.planner.kinds == DEFAULT_KINDS == ("sft", "dpo", "dpo_step", "grpo")
@@ -68,7 +68,7 @@ def test_trainer_options_fall_back_to_their_env_vars(monkeypatch):
 
 def test_train_flags_build_the_executor_config(tmp_path):
     args = _parse(
-        ["train", "--batch", str(tmp_path / "b.jsonl"), "--learning-rate", "0.01", "--lora", "false"]
+        ["train", "--batch", str(tmp_path / "b.jsonl"), "--learning-rate", "0.01", "--no-lora"]
     )
     run = config_from_args(TrainRunConfig, args)
     assert run.batch == tmp_path / "b.jsonl" and not run.follow

@@ -1,4 +1,6 @@
-"""Process-wide runtime settings of every `agentstream` process: the cyclic garbage collector.
+"""How `agentstream` processes run: the command line that starts a child process by module name
+(`python_module_argv`, the one place the product writes `python -m`), and the process-wide settings
+of the cyclic garbage collector.
 
 CPython collects its youngest generation every 700 net allocations of container objects, and every
 so often the whole heap. The stack's processes allocate a few containers per event (decoded events,
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,6 +28,22 @@ from infra.errors import InfraError
 GC_THRESHOLDS = (50_000, 20, 10)
 PYTHON_DEFAULT = (700, 10, 10)  # CPython 3.11's
 ENV = "AGENTSTREAM_GC_THRESHOLDS"
+CLI_MODULE = "infra.cli"  # `python -m infra.cli` is `agentstream` (pyproject.toml's console script)
+
+
+def python_module_argv(module: str, *args: str) -> list[str]:
+    """The command line that runs `python -m module args...` with this interpreter (the venv the
+    parent runs in, whether or not the `agentstream` script is on PATH).
+
+    >>> python_module_argv("infra.cli", "broker", "--port", "0")[1:]
+    ['-m', 'infra.cli', 'broker', '--port', '0']
+    """
+    return [sys.executable, "-m", module, *args]
+
+
+def agentstream_argv(*args: str) -> list[str]:
+    """`agentstream args...` as a child process of this interpreter."""
+    return python_module_argv(CLI_MODULE, *args)
 
 
 def gc_thresholds(value: str | None) -> tuple[int, ...]:

@@ -12,8 +12,9 @@ Field metadata:
 - `prefix` on a field whose type is itself a config dataclass: its fields become options named
   `--<prefix><name>` (e.g. `dpo-` gives `--dpo-min-margin`), and it is rebuilt from them.
 
-Types understood: str, int, float, bool, Path, `tuple[str|int|float, ...]` (comma-separated on the
-command line), `Literal[...]` (choices), and `X | None` of those. Validation stays in the config's
+Types understood: str, int, float, bool (a flag pair `--x` / `--no-x`), Path,
+`tuple[str|int|float, ...]` (comma-separated on the command line), `Literal[...]` (choices), and
+`X | None` of those. Validation stays in the config's
 `__post_init__`; this module only translates.
 """
 
@@ -26,7 +27,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from infra.cli.options import ENV_PREFIX, _parse_bool, add_option
+from infra.options.env import ENV_PREFIX, add_option, parse_bool
 
 C = TypeVar("C")
 
@@ -76,6 +77,8 @@ def config_to_argv(config: object, prefix: str = "") -> list[str]:
         value = getattr(config, spec.name)
         if _is_config(hint):
             argv += config_to_argv(value, prefix + spec.metadata.get("prefix", ""))
+        elif value != _default(spec) and isinstance(value, bool):
+            argv.append(_flag(spec, prefix) if value else "--no-" + _flag(spec, prefix)[2:])
         elif value != _default(spec):
             argv += [_flag(spec, prefix), _show(value, empty_none=True)]
     return argv
@@ -150,7 +153,7 @@ def _convert(raw: Any, hint: Any) -> Any:
                 f"expected comma-separated {item.__name__}s, got {raw!r}"
             ) from None
     if base is bool:
-        return raw if isinstance(raw, bool) else _parse_bool(raw)
+        return raw if isinstance(raw, bool) else parse_bool(raw)
     if base is Path:
         return Path(raw)
     return raw
@@ -162,8 +165,6 @@ def _show(value: Any, empty_none: bool = False) -> Any:
         return ",".join(str(v) for v in value)
     if isinstance(value, Path):
         return str(value)
-    if isinstance(value, bool) and empty_none:
-        return "true" if value else "false"
     if value is None and empty_none:
         return ""
     return value if not empty_none else str(value)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 
-from infra.cli import output
 from infra.errors import InfraError
+from infra.options.env import add_option, command_parser, group_parser
+from infra.terminal import output
 from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -17,6 +18,25 @@ log = logging.getLogger(__name__)
 
 class TopicAdminError(InfraError):
     """A topic command that the cluster refused or could not reach."""
+
+
+def register(sub) -> None:
+    """Add `agentstream topics create|list|describe` to the parser."""
+    topics = group_parser(sub, "topics", "create, list and describe Kafka topics (any Kafka)")
+    create_parser = command_parser(
+        topics,
+        "create",
+        create,
+        "create topics (no names: every topic of the agentstream registry)",
+    )
+    create_parser.add_argument("names", nargs="*", help="topic names (default: the whole registry)")
+    add_option(create_parser, "--partitions", type=int, default=1, help="partitions for named topics")
+    create_parser.add_argument(
+        "--config", action="append", default=[], metavar="KEY=VALUE", help="topic config for named topics"
+    )
+    command_parser(topics, "list", list_topics, "list topic names")
+    describe_parser = command_parser(topics, "describe", describe, "show partitions and configs of topics")
+    describe_parser.add_argument("names", nargs="*", help="topic names (default: every topic)")
 
 
 def _admin(args):

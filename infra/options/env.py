@@ -2,7 +2,7 @@
 
 Every option falls back to an `AGENTSTREAM_*` environment variable, named in its help and read when
 the command line is parsed (`apply_env_defaults`), never at import time. Options of a config
-dataclass are generated from its fields by `infra.cli.configs`; this module holds the mechanics.
+dataclass are generated from its fields by `infra.options.configs`; this module holds the mechanics.
 """
 
 from __future__ import annotations
@@ -30,17 +30,45 @@ class EnvDefault(argparse.Action):
         namespace._given = {*getattr(namespace, "_given", ()), self.dest}
 
 
+class EnvFlag(EnvDefault):
+    """A boolean option: a flag pair `--x` / `--no-x` (argparse's BooleanOptionalAction) that takes
+    no value, so `ingest --json PATH` reads PATH as the path; its environment variable says
+    true/false/1/0/yes/no/on/off."""
+
+    def __init__(self, option_strings, dest, env: str | None = None, default=None, help=None, **kw):
+        pairs = [f for flag in option_strings for f in (flag, _negative(flag)) if f]
+        super().__init__(pairs, dest, env=env, default=default, help=help, nargs=0, **kw)
+        self.type = parse_bool  # for the environment variable only (nargs=0: argparse never calls it)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, not option_string.startswith("--no-"), option_string)
+
+    def format_usage(self) -> str:
+        return " | ".join(self.option_strings)
+
+
+def _negative(flag: str) -> str | None:
+    """`--x` -> `--no-x` (short flags have no negative)."""
+    return "--no-" + flag[2:] if flag.startswith("--") else None
+
+
 def add_option(parser: argparse.ArgumentParser, *flags: str, env: str | None = None, **kw) -> None:
-    """Add an option that falls back to an environment variable (named in its help)."""
+    """Add an option that falls back to an environment variable (named in its help). A boolean one
+    (`action="store_true"`) becomes a flag pair `--x` / `--no-x` (`EnvFlag`)."""
     if kw.get("action") == "store_true":
         kw.pop("action")
-        kw.setdefault("type", _parse_bool)
-        kw.setdefault("nargs", "?")
-        kw.setdefault("const", True)
+        kw.setdefault("default", False)
+        parser.add_argument(*flags, action=EnvFlag, env=env, **kw)
+        return
     parser.add_argument(*flags, action=EnvDefault, env=env, **kw)
 
 
-def _parse_bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
+    """A boolean as an environment variable writes it.
+
+    >>> parse_bool("true"), parse_bool("0"), parse_bool(" Yes ")
+    (True, False, True)
+    """
     lowered = str(text).strip().lower()
     if lowered in {"1", "true", "yes", "on"}:
         return True
