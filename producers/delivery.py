@@ -1,6 +1,6 @@
-"""Delivery from the spool to Kafka: the I/O shell around `producers.spool`. Chunks are sent as
-record batches through aiokafka (`producers.batch_sender`); the in-doubt read-back uses a
-kafka-python consumer.
+"""Delivery from the spool to Kafka: the I/O shell around `producers.sdk.spool`. Chunks are sent as
+record batches through aiokafka (`clients.kafka.record_batches`); the in-doubt read-back reads the
+range with `clients.kafka.ranges` on a kafka-python consumer.
 
 `SpoolDelivery` sends spooled records in sequence order, one chunk at a time, and moves the spool's
 delivery cursor only after the broker acknowledged every record of the chunk (acks=all).
@@ -43,9 +43,10 @@ from dataclasses import dataclass
 
 import orjson
 
-from producers.batch_sender import BatchSender, SenderConfig
+from clients.kafka.ranges import ReadIncomplete, iter_range
+from clients.kafka.record_batches import RecordBatchError, RecordBatchSender, SenderConfig
 from producers.errors import DeliveryFailed
-from producers.spool import Cursor, DeliveryIntent, Spool, SpoolRecord
+from producers.sdk.spool import Cursor, DeliveryIntent, Spool, SpoolRecord
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class ClientLogLimiter(logging.Filter):
 @dataclass(frozen=True)
 class DeliveryConfig:
     """How the spool talks to Kafka. Producer settings: the project's limits (`clients.kafka`:
-    acks=all, idempotence on); records are sent as whole record batches (`producers.batch_sender`),
+    acks=all, idempotence on); records are sent as whole record batches (`clients.kafka.record_batches`),
     so `linger_ms` no longer applies to the SDK's sends (kept for callers that set it)."""
 
     bootstrap_servers: str
@@ -203,7 +204,12 @@ class SpoolDelivery:
         if not records:
             return
         self._ensure_topics({r.topic for r in records})
-        for topic, ends in self._get_producer().send(records).items():
+        try:
+            sent = self._get_producer().send([(r.topic, r.key, r.value) for r in records])
+        except RecordBatchError as exc:
+            first = records[exc.index] if exc.index is not None else records[0]
+            raise DeliveryFailed(f"event {first.event_id} (seq {first.seq}) and after: {exc}") from None
+        for topic, ends in sent.items():
             bounds = self._bounds.setdefault(topic, {})
             for partition, end in ends.items():
                 bounds[partition] = max(bounds.get(partition, 0), end)
@@ -244,19 +250,13 @@ class SpoolDelivery:
     def _read_event_ids(
         self, partitions: list, offsets: dict[str, dict[int, int]], keys: set[bytes]
     ) -> set[str]:
-        consumer = self._get_consumer()
-        ends = consumer.end_offsets(partitions)
-        consumer.assign(partitions)
-        for tp in partitions:
-            consumer.seek(tp, offsets[tp.topic][tp.partition])
-        found: set[str] = set()
-        deadline = time.monotonic() + self.config.delivery_timeout_ms / 1000
-        while any(consumer.position(tp) < ends[tp] for tp in partitions):
-            if time.monotonic() > deadline:
-                raise DeliveryFailed(f"timed out reading back {partitions} to check for in-doubt events")
-            for batch in consumer.poll(timeout_ms=200, max_records=5000).values():
-                found.update(_event_id(r.value) for r in batch if r.key in keys)
-        return found
+        start = {tp: offsets[tp.topic][tp.partition] for tp in partitions}
+        timeout_s = self.config.delivery_timeout_ms / 1000
+        try:
+            records = iter_range(self._get_consumer(), partitions, start, timeout_s=timeout_s, strict=True)
+            return {_event_id(r.value) for r in records if r.key in keys}
+        except ReadIncomplete as exc:
+            raise DeliveryFailed(f"reading back {partitions} to check for in-doubt events: {exc}") from None
 
     def _ensure_topics(self, topics: set[str]) -> None:
         todo = topics - self._topics_ready
@@ -272,12 +272,12 @@ class SpoolDelivery:
             )
         self._topics_ready |= todo
 
-    def _get_producer(self) -> BatchSender:
+    def _get_producer(self) -> RecordBatchSender:
         """The connected batch sender; raises within `connect_timeout_ms` while the broker is away."""
         fresh = self._producer is None
         if fresh:
             cfg = self.config
-            self._producer = BatchSender(
+            self._producer = RecordBatchSender(
                 SenderConfig(
                     cfg.bootstrap_servers,
                     cfg.client_id,
@@ -289,6 +289,8 @@ class SpoolDelivery:
             self.client_log.attach()  # before connecting: that is where a down broker is logged
         try:
             self._producer.connect()
+        except RecordBatchError as exc:
+            raise DeliveryFailed(str(exc)) from None
         finally:
             if fresh:
                 self.client_log.attach()  # the loggers of the client modules a first connect imports

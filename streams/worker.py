@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from clients.kafka import ensure_topics
+from clients.kafka import ensure_topics, make_consumer
 from schemas import topics
 from streams.app import create_app
 from streams.config import WorkerConfig, WorkerConfigError
@@ -33,10 +33,8 @@ def source_partitions(bootstrap: str) -> int:
     """The partition count shared by every topic a processor reads (the state tables use the same,
     so a trajectory's state lives in the partition of its events). Differing counts are refused:
     faust would silently recover only some table partitions."""
-    from kafka import KafkaConsumer
-
     names = (topics.AGENT_EVENTS, topics.REWARD_RULE, topics.REWARD_JUDGE, topics.FEEDBACK_HUMAN)
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    consumer = make_consumer(bootstrap, "agentstream-worker-metadata")
     try:
         counts = {name: len(consumer.partitions_for_topic(name) or ()) for name in names}
     finally:

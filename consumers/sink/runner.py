@@ -27,16 +27,16 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 from clients.fetch_pacing import IDLE_WAIT_MS, pace_fetches
-from clients.kafka import ensure_topics, make_consumer, make_producer
+from clients.kafka import ensure_topics, make_async_consumer, make_consumer, make_producer
+from clients.kafka.consume import is_poison
+from clients.kafka.dead_letters import letter_for, publish_dead_letters
 from consumers.errors import ConsumerConfigError
 from consumers.sink.clickhouse import ClickHouseSink
 from consumers.sink.rows import dead_letter_row, rows_for
-from schemas.codec import decode, encode, encode_key
-from schemas.deadletter import record_dead_letter
+from schemas.codec import decode
 from schemas.errors import DecodeError
 from schemas.events import DeadLetter
 from schemas.records import Record
@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 STAGE = "sink"
 VERSIONS_SEEN = "trajectory_versions_seen"
 GROUP_ID = "agentstream-sink"
-MAX_REASON_CHARS = 2_000  # of a dead letter's reason: an exception's text may quote the whole input
 
 
 @dataclass(frozen=True)
@@ -175,6 +174,8 @@ class SinkWorker:
             self._refuse(source, str(exc), "DecodeError")
             return
         except Exception as exc:  # the record's fault (a parser's limit, a value no row can hold)
+            if not is_poison(exc):
+                raise
             self._refuse(source, f"no rows from this record: {exc!r}", type(exc).__name__)
             return
         for table, row in rows:
@@ -187,8 +188,7 @@ class SinkWorker:
     def _refuse(self, source: Record, reason: str, error_type: str) -> None:
         """Dead-letter a record that gives no rows; one from the DLQ itself is written to
         `dead_letters` directly, never re-published (no loop)."""
-        reason = reason if len(reason) <= MAX_REASON_CHARS else reason[:MAX_REASON_CHARS] + "..."
-        letter = _dead_letter(source, reason, error_type)
+        letter = letter_for(STAGE, source, reason, error_type)
         if source.topic == DLQ:
             self.sink.add("dead_letters", dead_letter_row(letter), source)
         else:
@@ -245,7 +245,7 @@ class SinkWorker:
         rejected = self.sink.write(batch)
         dlq_rows: dict = {}
         for item in rejected:
-            letter = _dead_letter(item.source, item.reason, item.error_type)
+            letter = letter_for(STAGE, item.source, item.reason, item.error_type)
             if item.source.topic == DLQ:
                 rows, sources = dlq_rows.setdefault("dead_letters", ([], []))
                 rows.append(dead_letter_row(letter))
@@ -260,25 +260,8 @@ class SinkWorker:
                 item.source.offset,
                 item.reason,
             )
-        self._publish_dead_letters(dead)
+        publish_dead_letters(self.producer, dead)  # acknowledged, or this raises: no commit then
         return len(dead)
-
-    def _publish_dead_letters(self, dead: list[DeadLetter]) -> None:
-        if not dead:
-            return
-        for letter in dead:
-            log.warning(
-                "dead letter topic=%s partition=%s offset=%s trajectory=%s: %s",
-                letter.source_topic,
-                letter.source_partition,
-                letter.source_offset,
-                letter.trajectory_id,
-                letter.reason,
-            )
-        futures = [self.producer.send(DLQ, key=encode_key(d), value=encode(d)) for d in dead]
-        self.producer.flush()
-        for future in futures:
-            future.get(timeout=30)  # raises if the broker did not take it: then we must not commit
 
     # -- consumer thread ----------------------------------------------------------------------
 
@@ -305,15 +288,6 @@ class SinkWorker:
             self._writer.shutdown(wait=True)
 
 
-def _dead_letter(source: Record, reason: str, error_type: str) -> DeadLetter:
-    letter = record_dead_letter(STAGE, source, reason, error_type)
-    if source.timestamp_ms is None or source.timestamp_ms < 0:
-        return letter
-    # Stamped with the source record's time, so a replay re-creates the identical dead letter.
-    when = datetime.fromtimestamp(source.timestamp_ms / 1000, UTC)
-    return letter.model_copy(update={"occurred_at": when})
-
-
 def _rebalance_listener(worker_ref: list):
     from aiokafka import ConsumerRebalanceListener
 
@@ -337,14 +311,10 @@ def _rebalance_listener(worker_ref: list):
 
 
 def _consumer(config: SinkConfig):
-    from aiokafka import AIOKafkaConsumer
-
-    return AIOKafkaConsumer(
-        bootstrap_servers=config.bootstrap_servers,
-        client_id=f"{config.group_id}-consumer",
-        group_id=config.group_id,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
+    return make_async_consumer(
+        config.bootstrap_servers,
+        f"{config.group_id}-consumer",
+        config.group_id,
         max_poll_records=config.batch_rows,
         fetch_min_bytes=config.fetch_min_bytes,
         fetch_max_wait_ms=config.fetch_max_wait_ms,

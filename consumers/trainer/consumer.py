@@ -8,26 +8,26 @@ On start: `BatchStore.recover()` (drop unfinished files, learn what is batched),
 manifests whose event may be missing (same deterministic event id), then resume from the committed
 offsets; replay rebuilds pending groups and skips trajectories already in a manifest. Partitions are
 assigned manually (no group rebalancing): the trainer is one process, because a GRPO group spans
-partitions. `policy.updates` is always read from the beginning to know the current policy version
-and training step (staleness and horizon schedules).
+partitions. `policy.updates` is always read from the beginning, every event folded into the current
+policy by `schemas.policy_versions` (version order, not arrival order; the same answer as
+`clients.current_policy`), for its version and training step (staleness and horizon schedules).
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 from clients.kafka import ensure_topics, make_consumer, make_producer
+from clients.kafka.consume import ConsumeLoop, LoopConfig, Refused, assign_from_committed
 from consumers.errors import TrainerError
 from consumers.trainer.batch_writer import BatchStore, Recovered
 from consumers.trainer.config import TrainerConsumerConfig
 from consumers.trainer.planner import PlannedBatch, Planner
 from schemas import topics
 from schemas.codec import decode, encode
-from schemas.deadletter import record_dead_letter
 from schemas.errors import DecodeError
 from schemas.events import BatchBuilt, PolicyUpdated, TrajectoryScored
 from schemas.records import Record
@@ -35,7 +35,6 @@ from schemas.records import Record
 log = logging.getLogger(__name__)
 
 STAGE = "trainer"
-MAX_REASON_CHARS = 2_000  # of a dead letter's reason: an exception's text may quote the whole input
 
 
 def run_trainer(config: TrainerConsumerConfig) -> int:
@@ -67,7 +66,7 @@ def known_state(recovered: Recovered) -> tuple[dict[str, set[str]], dict[str, di
 
 
 class TrainerConsumer:
-    """The trainer consumer process."""
+    """The trainer consumer process: the `clients.kafka.consume` loop's handler around the planner."""
 
     def __init__(self, options: TrainerConsumerConfig, tokenizer: Any = None):
         self.options, self.config = options, options.planner
@@ -77,8 +76,6 @@ class TrainerConsumer:
         self.planner = Planner(options.planner, ids, hashes, tokenizer)
         self._unpublished = recovered.unpublished
         self._stop = False
-        self.consumed: dict[tuple[str, int], int] = {}
-        self._committed: dict[tuple[str, int], int] = {}
 
     def _clients(self):
         self.producer = make_producer(self.options.bootstrap_servers, STAGE)
@@ -91,24 +88,6 @@ class TrainerConsumer:
             fetch_min_bytes=self.options.fetch_min_bytes,
             fetch_max_wait_ms=self.options.fetch_max_wait_ms,
         )
-
-    def _assign(self) -> None:
-        from kafka import TopicPartition
-
-        parts = []
-        for topic in (topics.TRAJECTORY_SCORED, topics.POLICY_UPDATES):
-            found = self.consumer.partitions_for_topic(topic) or set()
-            parts += [TopicPartition(topic, p) for p in sorted(found)]
-        self.consumer.assign(parts)
-        for tp in parts:
-            if tp.topic == topics.POLICY_UPDATES:
-                self.consumer.seek_to_beginning(tp)
-                continue
-            committed = self.consumer.committed(tp)
-            if committed is not None:
-                self.consumer.seek(tp, committed)
-                self._committed[(tp.topic, tp.partition)] = committed
-        log.info("trainer: assigned %d partitions", len(parts))
 
     def publish(self, event, topic: str) -> None:
         key = event.trajectory_id.encode()
@@ -129,8 +108,12 @@ class TrainerConsumer:
         self._clients()
         try:
             self.republish()
-            self._assign()
-            self._loop()
+            watched = [topics.TRAJECTORY_SCORED, topics.POLICY_UPDATES]
+            loop = ConsumeLoop(self.consumer, self.producer, self, self._loop_config())
+            loop.committed.update(
+                assign_from_committed(self.consumer, watched, rewind=(topics.POLICY_UPDATES,))
+            )
+            loop.run(lambda: self._stop)
         except KafkaError as exc:
             log.error("trainer: kafka error, exiting so a supervisor restarts us: %s", exc)
             return 1
@@ -138,61 +121,43 @@ class TrainerConsumer:
             self._close()
         return 0
 
+    def _loop_config(self) -> LoopConfig:
+        o = self.options
+        return LoopConfig(STAGE, "cannot be planned", o.poll_timeout_ms, o.max_records, o.idle_exit_s)
+
     def _on_term(self, *_: object) -> None:
         self._stop = True
 
-    def _loop(self) -> None:
-        last_input = time.monotonic()
-        while not self._stop:
-            polled = self.consumer.poll(
-                timeout_ms=self.options.poll_timeout_ms, max_records=self.options.max_records
-            )
-            now = time.monotonic()
-            for tp, records in polled.items():
-                for record in records:
-                    self._handle(tp.topic, tp.partition, record, now)
-            if polled:
-                last_input = now
-            flushed = self.flush(now)
-            self._commit()
-            idle = self.options.idle_exit_s
-            if idle is not None and not polled and not flushed and now - last_input >= idle:
-                if self.flush(now, force=True):
-                    self._commit()
-                    continue
-                log.info("trainer: idle for %.1fs with nothing due, exiting", idle)
-                return
+    # --- the loop's handler ---------------------------------------------------------------------
 
-    def _handle(self, topic: str, partition: int, record, now: float) -> None:
-        self.consumed[(topic, partition)] = record.offset + 1
+    def handle(self, record: Record, now: float) -> None:
+        """Decode one record: a policy update moves the planner's version, a scored trajectory is
+        offered to the planner; anything else is refused (a dead letter)."""
         try:
             event = decode(record.value)
-        except DecodeError as exc:
-            self._dead_letter(exc.reason, "DecodeError", topic, partition, record)
-            return
+        except DecodeError:
+            raise
         except Exception as exc:  # a parser's own limit (e.g. RecursionError): the record's fault
-            self._dead_letter(f"not decodable: {exc!r}", type(exc).__name__, topic, partition, record)
-            return
-        if topic == topics.POLICY_UPDATES:
-            self.consumed.pop((topic, partition), None)  # re-read from the start each run; never committed
+            raise Refused(f"not decodable: {exc!r}", type(exc).__name__) from None
+        if record.topic == topics.POLICY_UPDATES:
             if isinstance(event, PolicyUpdated):
-                self.planner.policy_updated(event.policy_version, event.step)
+                self.planner.policy_updated(event)
             return
         if not isinstance(event, TrajectoryScored):
-            reason = f"type: expected trajectory.scored on {topic}, got {event.type!r}"
-            self._dead_letter(reason, "WrongEventType", topic, partition, record)
-            return
-        try:
-            self.planner.offer(event, Record(topic, partition, record.offset), now)
-        except Exception as exc:  # pure planning over a decoded event: it fails the same way every time
-            self._dead_letter(f"cannot be planned: {exc!r}", type(exc).__name__, topic, partition, record)
+            raise Refused(
+                f"type: expected trajectory.scored on {record.topic}, got {event.type!r}", "WrongEventType"
+            )
+        self.planner.offer(event, Record(record.topic, record.partition, record.offset), now)
 
-    def _dead_letter(self, reason: str, error_type: str, topic: str, partition: int, record) -> None:
-        reason = reason if len(reason) <= MAX_REASON_CHARS else reason[:MAX_REASON_CHARS] + "..."
-        log.warning("trainer: dead-lettering %s[%d]@%d: %s", topic, partition, record.offset, reason)
-        source = Record(topic, partition, record.offset, record.key, record.value)
-        letter = record_dead_letter(STAGE, source, reason, error_type)
-        self.publish(letter, topics.DLQ)
+    def write(self, now: float, force: bool) -> bool:
+        return bool(self.flush(now, force))
+
+    def commit_positions(self, consumed: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """The lowest offset still pending in any lane; `policy.updates` is re-read from the start
+        each run and never committed."""
+        return self.planner.commit_positions(
+            {tp: o for tp, o in consumed.items() if tp[0] != topics.POLICY_UPDATES}
+        )
 
     def flush(self, now: float, force: bool = False) -> list[BatchBuilt]:
         """Write, publish and mark every due batch; returns the events published."""
@@ -209,19 +174,6 @@ class TrainerConsumer:
         self.store.mark_published(manifest)
         self.planner.committed(batch)
         return event
-
-    def _commit(self) -> None:
-        from kafka import TopicPartition
-        from kafka.structs import OffsetAndMetadata
-
-        positions = self.planner.commit_positions(self.consumed)
-        changed = {tp: off for tp, off in positions.items() if self._committed.get(tp) != off}
-        if not changed:
-            return
-        self.consumer.commit(
-            {TopicPartition(*tp): OffsetAndMetadata(off, "", -1) for tp, off in changed.items()}
-        )
-        self._committed.update(changed)
 
     def _close(self) -> None:
         for client in (getattr(self, "consumer", None), getattr(self, "producer", None)):

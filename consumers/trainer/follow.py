@@ -8,25 +8,29 @@ Follow mode is effectively-once per batch and publishes each version exactly onc
   published only when it is not there (the process died between checkpoint and publish), so no
   version is skipped and none is published twice;
 - the offset of a batch is committed only after its event is acknowledged (or after the executor
-  made no version of it: every group dropped as stale).
+  made no version of it: every group dropped as stale, or it was dead-lettered with its coordinates).
+
+The loop is `clients.kafka.consume.ConsumeLoop`, one record per cycle; this module is its handler.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-import time
 from pathlib import Path
 
-from clients.kafka import ensure_topics, make_consumer, make_producer
+import orjson
+
+from clients.kafka import ensure_topics, make_consumer, make_producer, read_to_end
+from clients.kafka.consume import ConsumeLoop, LoopConfig, assign_from_committed
+from clients.kafka.ranges import ReadIncomplete
 from consumers.errors import TrainerError
 from consumers.trainer.batch_writer import load_manifest, read_rows
 from consumers.trainer.config import TrainRunConfig
 from consumers.trainer.executor import TrainingExecutor
 from consumers.trainer.kinds import KINDS
 from schemas import topics
-from schemas.codec import decode, encode, encode_key
-from schemas.deadletter import record_dead_letter
+from schemas.codec import decode, encode
 from schemas.events import BatchBuilt, PolicyUpdated
 from schemas.records import Record
 
@@ -34,8 +38,6 @@ log = logging.getLogger(__name__)
 
 CLIENT_ID = "trainer-executor"
 STAGE = "executor"
-MAX_REASON_CHARS = 2_000  # of a dead letter's reason: an exception's text may quote the whole input
-POISON_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 def resolve_batch(path: Path, method: str | None) -> tuple[Path, str, str]:
@@ -92,12 +94,20 @@ def follow(run: TrainRunConfig) -> int:
     publish_unpublished(run.bootstrap_servers, producer, executor.state.last_event)
     consumer = make_consumer(run.bootstrap_servers, CLIENT_ID, run.group_id)
     try:
-        _assign_from_committed(consumer)
-        _follow_loop(consumer, executor, producer, run, stop)
+        loop = ConsumeLoop(
+            consumer, producer, BatchTrainer(executor, producer, run.follow_kinds()), _loop_config(run)
+        )
+        loop.committed.update(assign_from_committed(consumer, [topics.TRAINING_BATCHES]))
+        loop.run(lambda: stop["now"])
     finally:
         consumer.close()
         producer.close()
     return 0
+
+
+def _loop_config(run: TrainRunConfig) -> LoopConfig:
+    # one batch per cycle: its offset is committed right after its version is announced
+    return LoopConfig(STAGE, "cannot train on this record", 500, 1, run.idle_exit_s)
 
 
 def publish_unpublished(bootstrap_servers: str, producer, last_event: dict | None) -> bool:
@@ -118,97 +128,31 @@ def publish_unpublished(bootstrap_servers: str, producer, last_event: dict | Non
 def _policy_updates(bootstrap_servers: str, timeout_s: float = 60.0) -> list[dict]:
     """Every record of `policy.updates` up to its end now; raises rather than return a partial read
     (a partial read could publish a version twice)."""
-    import orjson
-    from kafka import TopicPartition
-
-    consumer = make_consumer(bootstrap_servers, CLIENT_ID)
     try:
-        parts = [
-            TopicPartition(topics.POLICY_UPDATES, p)
-            for p in sorted(consumer.partitions_for_topic(topics.POLICY_UPDATES) or ())
-        ]
-        if not parts:
-            return []
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        end, found = consumer.end_offsets(parts), []
-        deadline = time.monotonic() + timeout_s
-        while any(consumer.position(tp) < end[tp] for tp in parts):
-            if time.monotonic() > deadline:
-                raise TrainerError(
-                    f"executor: could not read {topics.POLICY_UPDATES} to its end in {timeout_s:.0f}s"
-                )
-            for tp, batch in consumer.poll(timeout_ms=200).items():
-                found += [orjson.loads(m.value) for m in batch if m.offset < end[tp]]
-        return found
-    finally:
-        consumer.close()
+        records = read_to_end(bootstrap_servers, [topics.POLICY_UPDATES], timeout_s, strict=True)
+    except ReadIncomplete as exc:
+        raise TrainerError(f"executor: {exc}") from None
+    return [orjson.loads(r.value) for r in records]
 
 
-def _assign_from_committed(consumer) -> None:
-    from kafka import TopicPartition
+class BatchTrainer:
+    """The loop's handler: train on each `batch.built` of `kinds` and announce the version. A record
+    that can never train (undecodable, its batch file missing or unreadable, rows the executor
+    refuses) raises and is dead-lettered by the loop with its coordinates, so its offset is committed
+    and the follower goes on; the broker, the disk and the device failing raise past the loop (the
+    process exits; the record is read again)."""
 
-    parts = [
-        TopicPartition(topics.TRAINING_BATCHES, p)
-        for p in sorted(consumer.partitions_for_topic(topics.TRAINING_BATCHES) or ())
-    ]
-    consumer.assign(parts)
-    for tp in parts:
-        committed = consumer.committed(tp)
-        if committed is not None:
-            consumer.seek(tp, committed)
+    def __init__(self, executor: TrainingExecutor, producer, kinds: tuple[str, ...]):
+        self.executor, self.producer, self.kinds = executor, producer, kinds
 
+    def handle(self, record: Record, now: float) -> None:
+        _train_event(self.executor, self.producer, record, self.kinds)
 
-def _follow_loop(consumer, executor: TrainingExecutor, producer, run: TrainRunConfig, stop: dict) -> None:
-    from kafka.structs import OffsetAndMetadata
+    def write(self, now: float, force: bool) -> bool:
+        return False  # a version is checkpointed and announced inside `handle`
 
-    kinds = run.follow_kinds()
-    last = time.monotonic()
-    while not stop["now"]:
-        polled = consumer.poll(timeout_ms=500, max_records=1)
-        for tp, records in polled.items():
-            for record in records:
-                _train_record(executor, producer, record, kinds)
-                consumer.commit({tp: OffsetAndMetadata(record.offset + 1, "", -1)})
-            last = time.monotonic()
-        if run.idle_exit_s is not None and not polled and time.monotonic() - last >= run.idle_exit_s:
-            log.info("executor: idle for %.1fs, exiting", run.idle_exit_s)
-            return
-
-
-def _train_record(executor: TrainingExecutor, producer, record, kinds: tuple[str, ...]) -> None:
-    """Train on one `batch.built` record; a record that can never train (undecodable, its batch
-    file missing or unreadable, rows the executor refuses) is dead-lettered with its coordinates,
-    so that its offset is committed and the follower goes on. The broker, the disk and the device
-    failing are not the record's fault: they raise (the process exits; the record is read again)."""
-    try:
-        _train_event(executor, producer, record, kinds)
-    except Exception as exc:
-        if not _is_poison(exc):
-            raise
-        _dead_letter(producer, record, exc)
-
-
-def _is_poison(exc: Exception) -> bool:
-    """The record's fault: it fails the same way on every replay.
-
-    >>> _is_poison(FileNotFoundError("x")), _is_poison(ConnectionError()), _is_poison(KeyError("prompt"))
-    (True, False, True)
-    """
-    from kafka.errors import KafkaError
-
-    if isinstance(exc, POISON_OS_ERRORS):
-        return True  # the file the event points to is not there, not a file, or not ours to read
-    return not isinstance(exc, KafkaError | OSError | MemoryError)
-
-
-def _dead_letter(producer, record, exc: Exception) -> None:
-    source = Record(record.topic, record.partition, record.offset, record.key, record.value)
-    reason = f"cannot train on this record: {exc!r}"
-    reason = reason if len(reason) <= MAX_REASON_CHARS else reason[:MAX_REASON_CHARS] + "..."
-    log.error("executor: dead-lettering %s: %s", source.describe(), reason)
-    letter = record_dead_letter(STAGE, source, reason, type(exc).__name__)
-    producer.send(topics.DLQ, key=encode_key(letter), value=encode(letter)).get(timeout=30)
+    def commit_positions(self, consumed: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        return consumed
 
 
 def _train_event(executor: TrainingExecutor, producer, record, kinds: tuple[str, ...]) -> None:

@@ -50,7 +50,8 @@ from datetime import datetime
 
 import orjson
 
-from clients.kafka import ensure_topics, make_async_producer
+from clients.kafka import ensure_topics, make_async_consumer, make_async_producer
+from clients.kafka.ranges import follow_async, iter_range_async
 from schemas.topics import DAY_MS, TopicSpec
 from streams.errors import StreamsError
 from streams.judge.budget import (
@@ -131,25 +132,16 @@ class JudgeLedger:
             raise JudgeLedgerError(f"{self.budget_topic}: the reader stopped: {self._failed!r}")
 
     async def _open(self) -> None:
-        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka import TopicPartition
 
         await asyncio.to_thread(ensure_topics, self.bootstrap, self.specs)
         self._producer = make_async_producer(self.bootstrap, self.client_id)
         await self._producer.start()
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            client_id=self.client_id,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
+        self._consumer = make_async_consumer(self.bootstrap, self.client_id)
         await self._consumer.start()
         parts = [TopicPartition(self.budget_topic, 0), TopicPartition(self.cache_topic, 0)]
-        self._consumer.assign(parts)
-        await self._consumer.seek_to_beginning(*parts)
-        end = await self._consumer.end_offsets(parts)
-        while [tp for tp in parts if await self._consumer.position(tp) < end[tp]]:
-            await self._poll()
+        async for record in iter_range_async(self._consumer, parts):
+            self._apply(record.topic, record)
         self._follower = asyncio.ensure_future(self._follow())
         log.info(
             "judge ledger: read %s and %s to their end (spend now %s, %d cached replies)",
@@ -158,12 +150,6 @@ class JudgeLedger:
             {k: round(v, 6) for k, v in self.book.spent_at(utc_now()).items()},
             len(self.replies),
         )
-
-    async def _poll(self) -> None:
-        batches = await self._consumer.getmany(timeout_ms=200)
-        for tp, messages in batches.items():
-            for message in messages:
-                self._apply(tp.topic, message)
 
     def _apply(self, topic: str, message) -> None:
         if topic == self.cache_topic:
@@ -185,8 +171,8 @@ class JudgeLedger:
 
     async def _follow(self) -> None:
         try:
-            while True:
-                await self._poll()
+            async for record in follow_async(self._consumer):
+                self._apply(record.topic, record)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the broker went away for good: every waiter fails, the batch exits

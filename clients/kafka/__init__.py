@@ -1,6 +1,12 @@
 """How every part of agentstream talks to Kafka: one producer / consumer factory with one set of
 limits, topic creation from the registry, and read-to-end.
 
+The parts (none of them creates a client; they take one from this factory):
+- `clients.kafka.ranges`: read a topic range to its end; follow a topic.
+- `clients.kafka.consume`: the consume -> handle -> write -> dead-letter -> commit loop.
+- `clients.kafka.dead_letters`: a refused record as a `dead.letter` with its source coordinates.
+- `clients.kafka.record_batches`: send messages as one record batch per partition (aiokafka).
+
 Works against the embedded broker and Apache Kafka alike (only the bootstrap address differs).
 kafka-python and aiokafka are imported inside the functions, so importing this module is cheap.
 """
@@ -8,7 +14,6 @@ kafka-python and aiokafka are imported inside the functions, so importing this m
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -58,32 +63,31 @@ def make_consumer(bootstrap_servers: str, client_id: str, group_id: str | None =
     )
 
 
-def read_to_end(bootstrap_servers: str, topics: Iterable[str], timeout_s: float = 30.0) -> list[Record]:
+def make_async_consumer(
+    bootstrap_servers: str, client_id: str, group_id: str | None = None, **overrides: Any
+):
+    """An aiokafka `AIOKafkaConsumer` (not started) with `make_consumer`'s defaults: commits only
+    when told to, from the earliest offset when its group has none."""
+    from aiokafka import AIOKafkaConsumer
+
+    options = {"enable_auto_commit": False, "auto_offset_reset": "earliest", **overrides}
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap_servers, client_id=client_id, group_id=group_id, **options
+    )
+
+
+def read_to_end(
+    bootstrap_servers: str, topics: Iterable[str], timeout_s: float = 30.0, *, strict: bool = False
+) -> list[Record]:
     """Every record on `topics` from the beginning up to their end offsets at call time (no group,
-    nothing committed). Stops after `timeout_s` with what it read, and says so in the log."""
-    from kafka import TopicPartition
+    nothing committed). After `timeout_s` it stops with what it read and says so in the log, or,
+    when `strict`, raises `clients.kafka.ranges.ReadIncomplete`."""
+    from clients.kafka.ranges import iter_range, topic_partitions
 
     consumer = make_consumer(bootstrap_servers, "agentstream-reader")
     try:
-        parts = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
-        if not parts:
-            return []
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        end = consumer.end_offsets(parts)
-        records: list[Record] = []
-        deadline = time.monotonic() + timeout_s
-        while any(consumer.position(tp) < end[tp] for tp in parts):
-            if time.monotonic() > deadline:
-                log.warning("read_to_end: stopped after %.0fs with %d records", timeout_s, len(records))
-                break
-            for tp, batch in consumer.poll(timeout_ms=200).items():
-                records += [
-                    Record(tp.topic, tp.partition, m.offset, m.key, m.value, m.timestamp)
-                    for m in batch
-                    if m.offset < end[tp]
-                ]
-        return records
+        parts = topic_partitions(consumer, topics)
+        return list(iter_range(consumer, parts, timeout_s=timeout_s, strict=strict))
     finally:
         consumer.close()
 
