@@ -1,4 +1,5 @@
-"""Which policy version new episodes get when a recorder follows `policy.updates`."""
+"""Which policy version new episodes get when a recorder follows `policy.updates`: the current
+policy as `clients.current_policy` defines it (never a reading of its own)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,16 @@ import logging
 import threading
 import time
 
+from clients.current_policy import read_current_policy
+
 log = logging.getLogger(__name__)
 
 
 class PolicyFollower:
-    """The newest `policy_version` on `policy.updates` (a 1-partition topic: its last record),
-    cached for `ttl_s`. The first lookup waits for the broker (up to `timeout_ms`); later ones
-    answer from the cache at once and refresh it in a background thread when it is stale, so an
-    unreachable broker never holds up `rec.episode()`. A failed refresh keeps the previous answer."""
+    """The current policy's version (`clients.current_policy`), cached for `ttl_s`. The first
+    lookup waits for the broker (up to `timeout_ms`); later ones answer from the cache at once and
+    refresh it in a background thread when it is stale, so an unreachable broker never holds up
+    `rec.episode()`. A failed refresh keeps the previous answer."""
 
     def __init__(self, bootstrap_servers: str, ttl_s: float = 5.0, timeout_ms: int = 2000):
         self.bootstrap_servers = bootstrap_servers
@@ -39,7 +42,7 @@ class PolicyFollower:
 
     def _refresh(self) -> None:
         try:
-            value = self._read_last()
+            value = self._read_current()
         except Exception as exc:
             log.warning("cannot read policy.updates from %s: %s", self.bootstrap_servers, exc)
             value = None
@@ -48,33 +51,8 @@ class PolicyFollower:
             self._checked_at = time.monotonic()
             self._refreshing = False
 
-    def _read_last(self) -> str | None:
-        from kafka import TopicPartition
-
-        from clients.kafka import make_consumer
-        from schemas.codec import decode
-        from schemas.topics import POLICY_UPDATES
-
-        consumer = make_consumer(
-            self.bootstrap_servers,
-            "agentstream-policy-follower",
-            bootstrap_timeout_ms=self.timeout_ms,
-            request_timeout_ms=self.timeout_ms + 1000,
-        )
-        try:
-            tp = TopicPartition(POLICY_UPDATES, 0)
-            if not consumer.partitions_for_topic(POLICY_UPDATES):
-                return None
-            end = consumer.end_offsets([tp])[tp]
-            if end == 0:
-                return None
-            consumer.assign([tp])
-            consumer.seek(tp, end - 1)
-            deadline = time.monotonic() + self.timeout_ms / 1000
-            while time.monotonic() < deadline:
-                records = consumer.poll(timeout_ms=200).get(tp, [])
-                if records:
-                    return getattr(decode(records[-1].value), "policy_version", None)
-            return None
-        finally:
-            consumer.close()
+    def _read_current(self) -> str | None:
+        # A fresh read each refresh (the topic is small) rather than a consumer held open for the
+        # life of the recorder, which has no hook to close it.
+        current = read_current_policy(self.bootstrap_servers, self.timeout_ms / 1000)
+        return current.policy_version if current is not None else None

@@ -31,7 +31,8 @@ from consumers.trainer.builders.dedup import content_hash
 from consumers.trainer.builders.groups import Group, GroupCollector, Member
 from consumers.trainer.config import PlannerConfig
 from consumers.trainer.kinds import KINDS, BatchContext
-from schemas.events import TrajectoryScored
+from schemas.events import PolicyUpdated, TrajectoryScored
+from schemas.policy_versions import newer
 from schemas.records import Record
 from schemas.versions import reward_version_matches
 
@@ -362,8 +363,7 @@ class Planner:
         self.config = config
         self.tokenizer = tokenizer
         self.builders = {kind: KINDS[kind].make(config, tokenizer) for kind in config.kinds}
-        self.current_policy: str | None = None
-        self.training_step = 0
+        self.current_update: PolicyUpdated | None = None  # the current policy (schemas.policy_versions)
         self.lanes: dict[str, Lane] = {kind: self._lane(kind) for kind in config.kinds}
         self.other_versions: dict[str, int] = {}  # reward version -> trajectories skipped for it
         for kind, lane in self.lanes.items():
@@ -400,8 +400,19 @@ class Planner:
         for lane in self.lanes.values():
             lane.offer(entry, now)
 
-    def policy_updated(self, version: str, step: int) -> None:
-        self.current_policy, self.training_step = version, max(self.training_step, step)
+    def policy_updated(self, event: PolicyUpdated) -> None:
+        """Fold one `policy.updated` into the current policy (by version order, not arrival)."""
+        self.current_update = newer(self.current_update, event)
+
+    @property
+    def current_policy(self) -> str | None:
+        """The current policy's version (GRPO staleness); None before any update."""
+        return self.current_update.policy_version if self.current_update is not None else None
+
+    @property
+    def training_step(self) -> int:
+        """The current policy's training step (recorded in GRPO manifests); 0 before any update."""
+        return self.current_update.step if self.current_update is not None else 0
 
     def due(self, now: float, force: bool = False) -> list[PlannedBatch]:
         return [b for lane in self.lanes.values() for b in lane.due(now, force)]

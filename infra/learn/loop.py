@@ -20,15 +20,16 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from infra.cli import output
 from infra.learn.heldout import HeldoutScore, evaluate, load_engine
 from infra.learn.tasks import split_expressions, write_tasks
 from infra.learn.warmstart import WarmStartConfig, build_warm_model
+from infra.runtime import agentstream_argv
+from infra.terminal import output
+from schemas.policy_versions import version_number
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Curve:
     def add(self, score: HeldoutScore, mean_reward: float | None = None) -> dict:
         point = {
             "version": score.version,
-            "version_number": 0 if score.version == "base" else int(score.version.lstrip("v")),
+            "version_number": version_number(score.version),
             "minutes": round((time.monotonic() - self.started) / 60, 2),
             "success": round(score.rate, 4),
             "successes": score.successes,
@@ -138,14 +139,14 @@ def _free_port() -> int:
 def rollout_args(
     config: LearnConfig, tasks: Path, policy_url: str, bootstrap: str, data_dir: Path
 ) -> list[str]:
-    return [
-        sys.executable, "-m", "infra.cli", "rollout", "--env", "calc", "--tasks", str(tasks),
+    return agentstream_argv(
+        "rollout", "--env", "calc", "--tasks", str(tasks),
         "--group-size", str(config.group_size), "--concurrency", str(config.concurrency),
         "--max-turns", str(config.max_turns), "--max-tokens", "48", "--temperature", "1.0", "--forever",
         "--max-staleness", "2", "--max-ahead", str(config.batch_trajectories),
         "--policy-url", policy_url, "--bootstrap-servers", bootstrap,
         "--data-dir", str(data_dir / "rollout"),
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 def run_loop(config: LearnConfig, data_dir: Path, base: Path, engine, split, curve: Curve) -> None:
@@ -183,29 +184,37 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait(timeout=10)
 
 
-def follow_versions(config: LearnConfig, stack, engine, heldout, curve: Curve) -> None:
-    """Evaluate each new version as it is published, until `versions` or the budget runs out."""
-    from clients.kafka import read_to_end
-    from schemas.codec import decode
-    from schemas.events import PolicyUpdated
-    from schemas.topics import POLICY_UPDATES
+def learn_policy_reader(bootstrap_servers: str):
+    """The current-policy reader learn follows versions with."""
+    from clients.current_policy import CurrentPolicyReader
 
+    return CurrentPolicyReader(bootstrap_servers, timeout_s=30.0, client_id="agentstream-learn")
+
+
+def version_to_evaluate(reader, done: set[str]):
+    """The current policy (`PolicyUpdated`) when learn has not evaluated its version yet, else None."""
+    current = reader.current()
+    return current if current is not None and current.policy_version not in done else None
+
+
+def follow_versions(config: LearnConfig, stack, engine, heldout, curve: Curve) -> None:
+    """Evaluate the current policy (`clients.current_policy`) each time it changes, until
+    `versions` evaluations or the budget runs out; versions made during an evaluation are skipped
+    for the newest."""
     deadline = curve.started + config.budget_min * 60 - 45  # leave time to stop and plot
     done: set[str] = set()
     last_eval_s = 0.0  # no evaluation starts that would end past the budget
-    while time.monotonic() + last_eval_s < deadline and len(done) < config.versions:
-        records = read_to_end(stack.bootstrap_servers, [POLICY_UPDATES])
-        updates = [e for r in records if isinstance(e := decode(r.value), PolicyUpdated)]
-        fresh = [u for u in updates if u.policy_version not in done]
-        if not fresh:
-            time.sleep(2)
-            continue
-        newest = fresh[-1]
-        done.update(u.policy_version for u in fresh)
-        version_engine = engine.with_adapter(Path(newest.checkpoint_path), newest.policy_version)
-        started = time.monotonic()
-        _report(curve.add(_evaluate(version_engine, heldout, config)))
-        last_eval_s = time.monotonic() - started
+    with learn_policy_reader(stack.bootstrap_servers) as reader:
+        while time.monotonic() + last_eval_s < deadline and len(done) < config.versions:
+            current = version_to_evaluate(reader, done)
+            if current is None:
+                time.sleep(2)
+                continue
+            done.add(current.policy_version)
+            version_engine = engine.with_adapter(Path(current.checkpoint_path), current.policy_version)
+            started = time.monotonic()
+            _report(curve.add(_evaluate(version_engine, heldout, config)))
+            last_eval_s = time.monotonic() - started
 
 
 def mean_rewards(stack) -> dict[str, float]:

@@ -1,11 +1,13 @@
-"""Hot reload: follow `policy.updates` and serve each new version.
+"""Hot reload: serve the current policy, as `clients.current_policy` defines it.
 
-A thread reads `policy.updated` events from the end of the topic (from the offset it had at start,
-so an update published while the server starts is not missed). For each one it loads the new
-adapter beside the engine serving now (`engine.with_adapter`), then swaps it in: requests already
-running finish on the old version, new ones get the new one, so no response mixes versions and
-nothing waits for the load. A missing or corrupt checkpoint keeps the old version serving and logs
-one error naming the path. `reload_pauses_ms` records the time each swap held the service.
+A thread asks the current-policy reader every `poll_s` seconds (the first time at start, so a
+server started after updates were published serves the current one, not its start-up adapter). When
+the current policy is an event it has not tried yet, it loads that adapter beside the engine serving
+now (`engine.with_adapter`), then swaps it in: requests already running finish on the old version,
+new ones get the new one, so no response mixes versions and nothing waits for the load. An update
+that is not the current policy (an older version published late) is never loaded. A missing or
+corrupt checkpoint keeps the old version serving and logs one error naming the path (it is not
+retried; a newer update is). `reload_pauses_ms` records the time each swap held the service.
 """
 
 from __future__ import annotations
@@ -15,10 +17,8 @@ import threading
 import time
 from pathlib import Path
 
-from clients.kafka import make_consumer
+from clients.current_policy import CurrentPolicyReader
 from producers.errors import ProducerError
-from schemas.codec import decode
-from schemas.errors import DecodeError
 from schemas.events import PolicyUpdated
 from schemas.topics import POLICY_UPDATES
 
@@ -26,19 +26,21 @@ log = logging.getLogger(__name__)
 
 
 class PolicyReloader:
-    """Follows `policy.updates` for `service` until `stop()`."""
+    """Serves the current policy for `service` until `stop()`."""
 
-    def __init__(self, service, bootstrap_servers: str, poll_ms: int = 200):
-        self.service, self.bootstrap_servers, self.poll_ms = service, bootstrap_servers, poll_ms
+    def __init__(self, service, bootstrap_servers: str, poll_s: float = 1.0):
+        self.service, self.bootstrap_servers, self.poll_s = service, bootstrap_servers, poll_s
         self.reload_pauses_ms: list[float] = []
         self.load_times_ms: list[float] = []
         self.failures: list[str] = []
+        self._tried: set[str] = set()  # event ids of current policies already applied or refused
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentstream-policy-reload", daemon=True)
 
     def start(self, timeout_s: float = 30.0) -> PolicyReloader:
-        """Start following; returns once positioned at the topic's end (or after `timeout_s`)."""
+        """Start following; returns once the current policy at start is served (or could not be
+        read or loaded), or after `timeout_s`."""
         self._thread.start()
         self._ready.wait(timeout_s)
         return self
@@ -48,37 +50,32 @@ class PolicyReloader:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        from kafka import TopicPartition
-
-        consumer = make_consumer(self.bootstrap_servers, "agentstream-policy-reload")
+        reader = CurrentPolicyReader(self.bootstrap_servers, client_id="agentstream-policy-reload")
+        unreachable = False
         try:
-            parts = [
-                TopicPartition(POLICY_UPDATES, p)
-                for p in sorted(consumer.partitions_for_topic(POLICY_UPDATES) or {0})
-            ]
-            consumer.assign(parts)
-            consumer.seek_to_end(*parts)
-            for part in parts:
-                consumer.position(part)  # resolve the end offset now, before answering ready
-            self._ready.set()
             while not self._stop.is_set():
-                for records in consumer.poll(timeout_ms=self.poll_ms).values():
-                    for record in records:
-                        self._on_record(record.value)
+                try:
+                    current = reader.current()
+                    unreachable = False
+                except Exception as exc:  # the broker may come back: keep serving, ask again
+                    if not unreachable:
+                        log.warning("policy reload: cannot read %s (%r); still serving", POLICY_UPDATES, exc)
+                    current, unreachable = None, True
+                self.serve_current(current)
+                self._ready.set()  # after the first load: the server's first answer is the current policy
+                self._stop.wait(self.poll_s)
         except Exception as exc:  # the reloader must never take the server down
             log.error("policy reload: stopped following %s: %r", POLICY_UPDATES, exc)
         finally:
             self._ready.set()
-            consumer.close()
+            reader.close()
 
-    def _on_record(self, value: bytes | None) -> None:
-        try:
-            event = decode(value or b"")
-        except DecodeError as exc:
-            log.error("policy reload: unreadable record on %s: %s", POLICY_UPDATES, exc)
+    def serve_current(self, current: PolicyUpdated | None) -> None:
+        """Apply `current` unless it was tried already (each event is loaded at most once)."""
+        if current is None or current.event_id in self._tried:
             return
-        if isinstance(event, PolicyUpdated):
-            self.apply(event)
+        self._tried.add(current.event_id)
+        self.apply(current)
 
     def apply(self, event: PolicyUpdated) -> bool:
         """Load `event`'s checkpoint and serve it; False (old version kept, one error logged) when

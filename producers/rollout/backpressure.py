@@ -2,17 +2,19 @@
 that would be dropped as stale.
 
 Staleness here is counted in batches not yet trained: the records on `training.batches` (one
-`batch.built` per batch the trainer consumer wrote) minus the records on `policy.updates` (one
-`policy.updated` per batch the executor trained on). Every new policy version is one trained batch,
-so this is how many policy versions the data already sampled is ahead of the policy being served.
-Sampling pauses while it is above `max_staleness` and resumes once it is back at or below it.
+`batch.built` per batch the trainer consumer wrote) minus the batches trained, which is the number
+of the current policy (`clients.current_policy`: the executor names the version made by its n-th
+trained batch `v<n>`, so `v7` current means 7 batches trained; `base`, an unknown-format version or
+no policy count 0). This is how many policy versions the data already sampled is ahead of the policy
+being served. Sampling pauses while it is above `max_staleness` and resumes once it is back at or
+below it.
 
-The count comes from the two topics' offsets (end minus beginning), not from reading them. A batch
-the executor finished without a version (no rows, or every group too stale) publishes nothing on
+Batches are counted from the topic's offsets (end minus beginning), not by reading it. A batch the
+executor finished without a version (no rows, or every group too stale) publishes nothing on
 `policy.updates`, but the executor commits its offset all the same: the batches handled are the more
-of the updates and the executor group's committed offsets on `training.batches`, so such a batch
-never holds the rollout back for good. Batches of a kind no executor trains keep the count high (run
-the trainer with the kinds that are trained).
+of the current policy's number and the executor group's committed offsets on `training.batches`, so
+such a batch never holds the rollout back for good. Batches of a kind no executor trains keep the
+count high (run the trainer with the kinds that are trained).
 
 `should_pause` is the pure decision; `TopicBacklog` reads the offsets; `BackpressureGate` waits.
 It must never stop the rollout on a broker error: an unreadable backlog does not pause.
@@ -25,8 +27,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from clients.current_policy import CurrentPolicyReader
 from clients.kafka import make_consumer
-from schemas.topics import POLICY_UPDATES, TRAINING_BATCHES
+from schemas.policy_versions import version_number
+from schemas.topics import TRAINING_BATCHES
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,17 @@ def should_pause(batches: int, updates: int, max_staleness: int) -> bool:
     return max_staleness > 0 and staleness(batches, updates) > max_staleness
 
 
+def trained_batches(current) -> int:
+    """Batches trained by the time the `current` policy (a `PolicyUpdated` or None) was made: its
+    version number (`v7` -> 7); 0 for none, `base` or an unknown-format version.
+
+    >>> trained_batches(None)
+    0
+    """
+    number = version_number(current.policy_version) if current is not None else None
+    return number or 0
+
+
 @dataclass(frozen=True)
 class Backlog:
     batches: int
@@ -56,8 +71,9 @@ class Backlog:
 
 
 class TopicBacklog:
-    """Counts the records of `training.batches` and `policy.updates` from their offsets, and the
-    batches `executor_group` has committed (it never joins that group: it only reads its offsets)."""
+    """Counts the records of `training.batches` from their offsets, the batches `executor_group` has
+    committed (it never joins that group: it only reads its offsets) and the batches the current
+    policy was trained on (its version number)."""
 
     def __init__(
         self, bootstrap_servers: str, timeout_ms: int = 5000, executor_group: str = "agentstream-executor"
@@ -65,6 +81,9 @@ class TopicBacklog:
         self.bootstrap_servers, self.timeout_ms = bootstrap_servers, timeout_ms
         self.executor_group = executor_group
         self._consumer = None
+        self._policies = CurrentPolicyReader(
+            bootstrap_servers, timeout_ms / 1000, "agentstream-rollout-backpressure"
+        )
 
     def read(self) -> Backlog:
         if self._consumer is None:
@@ -75,26 +94,25 @@ class TopicBacklog:
                 bootstrap_timeout_ms=self.timeout_ms,
                 request_timeout_ms=self.timeout_ms,
             )
-        batches, committed = self._count(TRAINING_BATCHES, committed=True)
-        updates, _ = self._count(POLICY_UPDATES)
-        return Backlog(batches, max(updates, committed))
+        batches, committed = self._count_batches()
+        return Backlog(batches, max(trained_batches(self._policies.current()), committed))
 
-    def _count(self, topic: str, committed: bool = False) -> tuple[int, int]:
-        """(records on `topic`, records before the executor group's committed offsets)."""
+    def _count_batches(self) -> tuple[int, int]:
+        """(records on `training.batches`, records before the executor group's committed offsets)."""
         from kafka import TopicPartition
 
         consumer = self._consumer
+        topic = TRAINING_BATCHES
         parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         if not parts:
             return 0, 0
         ends, begins = consumer.end_offsets(parts), consumer.beginning_offsets(parts)
         total = sum(ends[p] - begins[p] for p in parts)
-        if not committed:
-            return total, 0
         done = {p: consumer.committed(p) for p in parts}
         return total, sum(max(0, c - begins[p]) for p, c in done.items() if c is not None)
 
     def close(self) -> None:
+        self._policies.close()
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

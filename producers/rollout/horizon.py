@@ -7,9 +7,9 @@ the stages as `STEP=TURNS` pairs, e.g. `"0=4,100=8,200=16"`: 4 turns from step 0
 first stage's turns apply. The driver enforces the horizon while the episode runs (the step that
 reaches it is truncated), so nothing is cut after the fact.
 
-`PolicyProgress` follows `policy.updates` (poll-based, thread-safe): the newest policy's training
-`step` and `policy_version`, 0 / None while the topic is empty or the broker cannot be reached. It
-only reads; it must never stop the rollout.
+`PolicyProgress` follows the current policy (`clients.current_policy`; poll-based, thread-safe): its
+training `step` and `policy_version`, 0 / None while there is none or the broker cannot be reached.
+It only reads; it must never stop the rollout.
 """
 
 from __future__ import annotations
@@ -21,11 +21,8 @@ import time
 from dataclasses import dataclass
 from itertools import pairwise
 
-from clients.kafka import make_consumer
+from clients.current_policy import CurrentPolicyReader
 from producers.errors import ProducerError
-from schemas.codec import decode
-from schemas.errors import DecodeError
-from schemas.events import PolicyUpdated
 from schemas.topics import POLICY_UPDATES
 
 log = logging.getLogger(__name__)
@@ -89,21 +86,22 @@ def parse_horizon(text: str) -> HorizonSchedule | None:
 
 
 class PolicyProgress:
-    """The newest `policy.updated` on `policy.updates`: `step()` and `version()`.
+    """The current policy (`clients.current_policy`): `step()` and `version()`.
 
-    Reads from the topic's beginning (the newest update may predate the rollout), at most once per
-    `poll_s` seconds, under a lock (episodes ask from several threads). An unreachable broker or an
-    unreadable record is logged and leaves the last values in place.
+    Asks the reader at most once per `poll_s` seconds, under a lock (episodes ask from several
+    threads). An unreachable broker is logged and leaves the last values in place.
     """
 
     def __init__(
         self, bootstrap_servers: str, poll_s: float = 5.0, clock=time.monotonic, timeout_ms: int = 5000
     ):
         self.bootstrap_servers, self.poll_s, self.clock = bootstrap_servers, poll_s, clock
-        self.timeout_ms = timeout_ms  # bounds a read when the broker is away (kafka-python waits 30 s)
+        # bounds a read when the broker is away (kafka-python waits 30 s)
+        self._reader = CurrentPolicyReader(
+            bootstrap_servers, timeout_ms / 1000, "agentstream-rollout-progress"
+        )
         self._step, self._version = 0, None
         self._lock = threading.Lock()
-        self._consumer = None
         self._last_poll: float | None = None
 
     def step(self) -> int:
@@ -115,14 +113,14 @@ class PolicyProgress:
         return self._version
 
     def refresh(self, force: bool = False) -> None:
-        """Read what arrived since the last read (at most once per `poll_s` unless `force`)."""
+        """Ask for the current policy (at most once per `poll_s` unless `force`)."""
         with self._lock:
             now = self.clock()
             if not force and self._last_poll is not None and now - self._last_poll < self.poll_s:
                 return
             self._last_poll = now
             try:
-                self._read_new()
+                current = self._reader.current()
             except Exception as exc:  # progress is advisory: keep sampling on the last values
                 log.warning(
                     "rollout: cannot follow %s (%r); progress stays at step %d",
@@ -130,62 +128,9 @@ class PolicyProgress:
                     exc,
                     self._step,
                 )
-                self._close_consumer()
-
-    def _read_new(self, timeout_s: float = 5.0) -> None:
-        """Poll until the positions reach the end offsets taken now (or `timeout_s` passes)."""
-        if self._consumer is None:
-            self._consumer = self._open()
-            if self._consumer is None:
-                return  # no topic yet: step 0 until there is one
-        consumer = self._consumer
-        ends = consumer.end_offsets(list(consumer.assignment()))
-        deadline = time.monotonic() + timeout_s
-        while any(consumer.position(p) < end for p, end in ends.items()) and time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=200).values():
-                for record in records:
-                    self._on_record(record)
-
-    def _open(self):
-        from kafka import TopicPartition
-
-        consumer = make_consumer(
-            self.bootstrap_servers,
-            "agentstream-rollout-progress",
-            bootstrap_timeout_ms=self.timeout_ms,
-            request_timeout_ms=self.timeout_ms,
-        )
-        partitions = consumer.partitions_for_topic(POLICY_UPDATES)
-        if not partitions:
-            consumer.close()
-            return None
-        parts = [TopicPartition(POLICY_UPDATES, p) for p in sorted(partitions)]
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        return consumer
-
-    def _on_record(self, record) -> None:
-        try:
-            event = decode(record.value or b"")
-        except DecodeError as exc:
-            log.error(
-                "rollout: unreadable record on %s partition %d offset %d: %s",
-                record.topic,
-                record.partition,
-                record.offset,
-                exc,
-            )
-            return
-        if isinstance(event, PolicyUpdated) and event.step >= self._step:
-            self._step, self._version = event.step, event.policy_version
-
-    def _close_consumer(self) -> None:
-        if self._consumer is not None:
-            try:
-                self._consumer.close()
-            finally:
-                self._consumer = None
+                return
+            if current is not None:
+                self._step, self._version = current.step, current.policy_version
 
     def close(self) -> None:
-        with self._lock:
-            self._close_consumer()
+        self._reader.close()

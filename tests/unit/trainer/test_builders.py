@@ -24,6 +24,7 @@ from consumers.trainer.builders.groups import GroupCollector
 from consumers.trainer.builders.grpo import group_advantages, is_fresh, step_advantages
 from consumers.trainer.planner import Planner, PlannerConfig
 from schemas.records import Record
+from tests.support.policy_updates import policy_update
 from tests.support.trainer_data import HERE, golden_group, scored, step, synthetic
 
 REGEN = os.environ.get("AGENTSTREAM_REGEN_GOLDEN") == "1"
@@ -305,7 +306,8 @@ def test_planner_applies_policy_lag_from_policy_updates_and_keeps_every_step():
     config = GRPOGroupConfig(retokenize=True, max_policy_lag=1)
     groups = GroupConfig(group_size=2)
     p = Planner(PlannerConfig(kinds=("grpo",), batch_trajectories=2, grpo=config, groups=groups))
-    p.policy_updated("v5", step=5)
+    p.policy_updated(policy_update("v5", step=5))
+    p.policy_updated(policy_update("v4", step=4))  # published late: an older version stays older
     group = golden_group()[:2]
     stale = [t.model_copy(update={"policy_version": "v3"}) for t in group]
     for i, t in enumerate(stale):
