@@ -53,8 +53,6 @@ from infra.broker.records import (
 )
 from infra.broker.segment import INDEX_SUFFIX, LOG_SUFFIX, SCAN_CHUNK, write_file_atomic
 
-__all__ = ["CleanStats", "compact_log", "finish_swaps", "install_swap"]
-
 log = logging.getLogger(__name__)
 
 CLEANED_SUFFIX = ".cleaned"

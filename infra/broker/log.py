@@ -42,10 +42,8 @@ from infra.broker.compaction import finish_swaps, install_swap
 from infra.broker.damage import CorruptReads, verify_segment
 from infra.broker.errors import (
     BrokerStorageError,
-    InvalidProducerEpochError,
     InvalidRecordError,
     OffsetOutOfRangeError,
-    OutOfOrderSequenceError,
     RecordTooLargeError,
     StorageIOError,
     StoredBatchCorruptError,
@@ -64,19 +62,7 @@ from infra.broker.records import (
     next_sequence,
     stamp_log_append_time,
 )
-from infra.broker.segment import LOG_SUFFIX, BatchScan, Segment, sync_copy, write_file_atomic
-
-__all__ = [
-    "AppendResult",
-    "InvalidProducerEpochError",
-    "LogConfig",
-    "OffsetOutOfRangeError",
-    "OutOfOrderSequenceError",
-    "PartitionLog",
-    "StorageIOError",
-    "fsync_dir",
-    "write_file_atomic",
-]
+from infra.broker.segment import LOG_SUFFIX, BatchScan, Segment, sync_copy
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,6 @@ from dataclasses import dataclass, replace
 from infra.broker.errors import InvalidConfigError
 from infra.broker.segment import MAX_SEGMENT_BYTES
 
-__all__ = ["LogConfig"]
-
 
 @dataclass
 class LogConfig:

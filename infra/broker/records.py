@@ -23,23 +23,10 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from infra.broker.errors import BrokerStorageError, CorruptRecordError, InvalidRecordError
+from infra.broker.errors import CorruptRecordError, InvalidRecordError
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "HEADER",
-    "HEADER_SIZE",
-    "LOG_OVERHEAD",
-    "BatchHeader",
-    "BrokerStorageError",
-    "CorruptRecordError",
-    "InvalidRecordError",
-    "first_record_at",
-    "iter_batches",
-    "parse_header",
-    "stamp_log_append_time",
-]
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61

@@ -11,7 +11,8 @@ import os
 import time
 from pathlib import Path
 
-from infra.broker.log import LogConfig, PartitionLog
+from infra.broker.log import PartitionLog
+from infra.broker.log_config import LogConfig
 from infra.broker.segment import BatchScan
 
 BATCH_BYTES = 16 * 1024

@@ -32,7 +32,6 @@ from clients.files import fsync_dir
 from infra.broker.compaction import compact_log
 from infra.broker.errors import (
     BrokerStorageError,
-    InvalidConfigError,
     InvalidPartitionsError,
     InvalidTopicError,
     StorageIOError,
@@ -40,21 +39,9 @@ from infra.broker.errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from infra.broker.log import LogConfig, PartitionLog
+from infra.broker.log import PartitionLog
+from infra.broker.log_config import LogConfig
 from infra.broker.segment import sync_copy, write_file_atomic
-
-__all__ = [
-    "TOPIC_DEFAULTS",
-    "BrokerStore",
-    "InvalidConfigError",
-    "InvalidPartitionsError",
-    "InvalidTopicError",
-    "TopicExistsError",
-    "TopicMeta",
-    "UnknownPartitionError",
-    "UnknownTopicError",
-    "topic_defaults",
-]
 
 log = logging.getLogger(__name__)
 

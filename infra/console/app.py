@@ -25,14 +25,13 @@ import json
 import logging
 import math
 import time
-from datetime import date, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 from infra.console import charts
 from infra.console.config import ConsoleConfig
 from infra.console.data import ConsoleData
+from infra.console.rendering import page_templates
 from infra.errors import FilterError
 
 log = logging.getLogger(__name__)
@@ -61,7 +60,7 @@ def create_app(config: ConsoleConfig, data: ConsoleData | None = None):
     app.on_response_prepare.append(_security_headers)  # every response: pages, API, errors, assets
     app["config"] = config
     app["data"] = data or ConsoleData(config)
-    app["templates"] = _templates()
+    app["templates"] = page_templates()
     app.router.add_get("/", overview_page)
     app.router.add_get("/api/overview", overview_api)
     app.router.add_get("/trajectories", trajectories_page)
@@ -77,66 +76,6 @@ def create_app(config: ConsoleConfig, data: ConsoleData | None = None):
 
     app.on_cleanup.append(_close)
     return app
-
-
-def _templates():
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(HERE / "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters.update(num=fmt_number, when=fmt_time, qs=query_string, pct=fmt_percent)
-    return env
-
-
-# --- formatting (pure) -----------------------------------------------------------------------------
-
-
-def fmt_number(value: Any, digits: int = 3) -> str:
-    """A number for a person; None and NaN are a dash (never a made-up zero).
-
-    >>> fmt_number(0.123456), fmt_number(None), fmt_number(float("nan")), fmt_number(1234)
-    ('0.123', '—', '—', '1,234')
-    """
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}" if abs(value) < 1000 else f"{value:,.0f}"
-    return str(value)
-
-
-def fmt_percent(value: Any) -> str:
-    """
-    >>> fmt_percent(0.5), fmt_percent(None)
-    ('50.0%', '—')
-    """
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    return f"{100 * float(value):.1f}%"
-
-
-def fmt_time(value: Any) -> str:
-    """
-    >>> fmt_time(datetime(2026, 11, 25, 14, 30, 1, 500000))
-    '2026-11-25 14:30:01'
-    """
-    if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S")
-    if isinstance(value, date):
-        return value.isoformat()
-    return "—" if value is None else str(value)
-
-
-def query_string(values: dict[str, Any]) -> str:
-    return urlencode({k: v for k, v in values.items() if v not in (None, "")})
 
 
 # --- middlewares -----------------------------------------------------------------------------------
@@ -220,7 +159,7 @@ async def _auth(request, handler):
     config: ConsoleConfig = request.app["config"]
     if not config.keys_required or request.path == "/healthz":
         return await handler(request)
-    from producers.gateway_requests import key_allowed
+    from producers.gateway.requests import key_allowed
 
     if key_allowed(presented_key(request.headers), config.api_key_hashes):
         return await handler(request)
@@ -237,7 +176,7 @@ def presented_key(headers) -> str | None:
     >>> presented_key({"Authorization": "Basic " + base64.b64encode(b"me:KEY").decode()})
     'KEY'
     """
-    from producers.gateway_requests import presented_key as gateway_key
+    from producers.gateway.requests import presented_key as gateway_key
 
     auth = headers.get("Authorization", "")
     if auth[:6].lower() == "basic ":

@@ -1,7 +1,7 @@
 """The rule layer on a trajectory given as JSON: the same pure code the stream workers run.
 
 A trajectory object (`score_trajectory` and `build_preferences` take it) holds the event contract's
-fields (schemas/events.py) flattened into one object:
+fields (schemas/events/) flattened into one object:
 
     {"trajectory_id": "t1", "task_id": "fix-1", "domain": "coding", "reference_steps": 3,
      "steps": [{"tool": "read_file", "params": {"file_path": "a.py"}, "observation": "..."}, ...],
@@ -27,21 +27,13 @@ from infra.mcp.errors import McpToolError
 from schemas.codec import field_errors
 from schemas.events import EpisodeEnded, EpisodeStarted, StepRecorded, TrajectoryScored
 from schemas.ids import derived_event_id
-from streams.assembler.assembly import Assembly, Calibrations, score_trajectory
+from schemas.json_input import json_object
+from streams.assembler.assembly import STARTED_FIELDS, Assembly, score_trajectory
+from streams.assembler.reward_math import Calibrations
 from streams.rules.profiles import ProfileRegistry
 from streams.rules.stream import TrajectoryRules
 
 PRODUCER = "agentstream-mcp"
-STARTED_KEYS = (
-    "task_id",
-    "task",
-    "domain",
-    "agent",
-    "model",
-    "policy_version",
-    "group_id",
-    "reference_steps",
-)
 ENDED_KEYS = ("success", "score", "tests_passed", "tests_failed", "error")
 # Events of a JSON trajectory carry this time unless it gives `started_at`: the scores never use it.
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -50,10 +42,7 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 def as_object(value: Any, where: str) -> dict[str, Any]:
     """A JSON object given as a dict or as JSON text."""
     if isinstance(value, str | bytes):
-        try:
-            value = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise McpToolError(f"{where}: not valid JSON ({exc})") from None
+        return json_object(value, where, McpToolError)
     if not isinstance(value, dict):
         raise McpToolError(f"{where}: expected a JSON object, got {type(value).__name__}")
     return value
@@ -95,7 +84,7 @@ def trajectory_events(data: dict[str, Any], where: str = "trajectory") -> list:
         event_id = derived_event_id(kind, tid, *key)
         return {"event_id": event_id, "trajectory_id": tid, "occurred_at": at, "producer": PRODUCER}
 
-    started = {k: data[k] for k in STARTED_KEYS if data.get(k) is not None}
+    started = {k: data[k] for k in STARTED_FIELDS if data.get(k) is not None}
     started.setdefault("task_id", data.get("task_id") or "task")
     events: list = [_validated(EpisodeStarted, where, started | envelope("start", at=t0))]
     for i, step in enumerate(steps):

@@ -71,7 +71,6 @@ from schemas.events import (
 from schemas.ids import derived_event_id
 from streams.assembler import layers as L
 from streams.assembler.reward_math import (
-    CalibrationMap,
     Calibrations,
     content_hash,
     human_by_step,
@@ -84,18 +83,6 @@ from streams.assembler.reward_math import (
 from streams.assembler.slots import absent_slots
 from streams.rules.profiles import DomainProfile, ProfileRegistry
 from streams.rules.rewards import efficiency
-
-__all__ = [
-    "ASSEMBLY_VERSION",
-    "JOINED_TYPES",
-    "Assembly",
-    "CalibrationMap",
-    "Calibrations",
-    "content_hash",
-    "score_trajectory",
-    "total_reward",
-    "weighted_mean",
-]
 
 ASSEMBLY_VERSION = "assembly-1"
 PRODUCER = "streams/assembler"

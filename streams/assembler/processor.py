@@ -25,7 +25,8 @@ import orjson
 from schemas import topics
 from schemas.events import EpisodeStarted, RuleRewardStep
 from schemas.records import Record
-from streams.assembler.assembly import JOINED_TYPES, Assembly, Calibrations
+from streams.assembler.assembly import JOINED_TYPES, Assembly
+from streams.assembler.reward_math import Calibrations
 from streams.batch import (
     BatchResult,
     StateCache,

@@ -13,7 +13,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infra.broker.log import LogConfig, PartitionLog
+from infra.broker.log import PartitionLog
+from infra.broker.log_config import LogConfig
 from tests.support.processes import wait_for
 from tests.support.storage_batches import crash, make_batch, read_all
 
@@ -106,7 +107,8 @@ WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from infra.broker.log import LogConfig, PartitionLog
+    from infra.broker.log import PartitionLog
+    from infra.broker.log_config import LogConfig
     from tests.support.storage_batches import make_batch
     plog = PartitionLog(Path(sys.argv[1]), LogConfig(segment_bytes=64 * 1024))
     i = 0
@@ -210,7 +212,8 @@ DISK_FULL = textwrap.dedent(
     import resource, signal, sys
     from pathlib import Path
     from infra.broker.errors import StorageIOError
-    from infra.broker.log import LogConfig, PartitionLog
+    from infra.broker.log import PartitionLog
+    from infra.broker.log_config import LogConfig
     from tests.support.storage_batches import make_batch
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
     plog = PartitionLog(Path(sys.argv[1]), LogConfig())

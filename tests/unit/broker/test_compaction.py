@@ -10,7 +10,8 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from infra.broker import compaction
 from infra.broker.compaction import compact_log, split_records
 from infra.broker.errors import InvalidConfigError
-from infra.broker.log import LogConfig, PartitionLog
+from infra.broker.log import PartitionLog
+from infra.broker.log_config import LogConfig
 from infra.broker.records import iter_batches
 from tests.support.storage_batches import crash
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from infra.broker.errors import StoredBatchCorruptError
-from infra.broker.log import LogConfig, PartitionLog
+from infra.broker.log import PartitionLog
+from infra.broker.log_config import LogConfig
 from infra.broker.records import iter_batches
 from infra.broker.store import BrokerStore
 from tests.support.storage_batches import crash, make_batch, read_all

@@ -14,7 +14,8 @@ from infra.broker.errors import (
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
 )
-from infra.broker.log import LogConfig, PartitionLog
+from infra.broker.log import PartitionLog
+from infra.broker.log_config import LogConfig
 from infra.broker.records import iter_batches
 from tests.support.storage_batches import base_offsets, make_batch, read_all, values_of
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from infra.broker.errors import CorruptRecordError, InvalidRecordError
 from infra.broker.records import (
     HEADER_SIZE,
-    CorruptRecordError,
-    InvalidRecordError,
     iter_batches,
     next_sequence,
     parse_header,

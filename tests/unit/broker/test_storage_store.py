@@ -12,7 +12,7 @@ from infra.broker.errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from infra.broker.log import LogConfig
+from infra.broker.log_config import LogConfig
 from infra.broker.store import TOPIC_DEFAULTS, BrokerStore
 from tests.support.storage_batches import crash_store, make_batch, read_all
 

@@ -8,7 +8,7 @@ import os
 import uuid
 
 from infra.broker import wal as wal_module
-from infra.broker.log import LogConfig
+from infra.broker.log_config import LogConfig
 from infra.broker.store import WAL_DIR, BrokerStore
 from infra.broker.wal import WriteAhead, encode_frame, read_frames
 from tests.support.storage_batches import crash_store, make_batch, read_all

@@ -17,11 +17,12 @@ from infra.clickhouse.browse import (
     trajectory_detail_sql,
     trajectory_list_sql,
 )
-from infra.console.app import fmt_number, presented_key
+from infra.console.app import presented_key
 from infra.console.charts import line_chart
 from infra.console.config import ConsoleConfig
+from infra.console.rendering import fmt_number
 from infra.errors import ConsoleError, FilterError
-from producers.gateway_requests import hash_key
+from producers.gateway.requests import hash_key
 
 INJECTIONS = [
     "x' OR 1=1 --",

@@ -10,7 +10,8 @@ import shutil
 
 import pytest
 
-from producers.policy.engine import EngineError, LocalEngine, SamplingParams, filter_logits
+from producers.policy.engine import EngineError, LocalEngine, SamplingParams
+from producers.policy.engine.sampling import filter_logits
 
 TOL = 1e-4
 TOOLS = [

@@ -12,7 +12,8 @@ from schemas.events import (
     FeedbackAnnotation,
     JudgeFailed,
 )
-from streams.assembler.assembly import Assembly, Calibrations, total_reward
+from streams.assembler.assembly import Assembly
+from streams.assembler.reward_math import Calibrations, total_reward
 from streams.rules.profiles import CODING
 from tests.support.streams_events import REG, T0, judge_steps, trajectory
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from streams.assembler.assembly import Assembly, Calibrations
+from streams.assembler.assembly import Assembly
+from streams.assembler.reward_math import Calibrations
 from tests.support.streams_events import REG, trajectory
 
 

@@ -9,8 +9,9 @@ import tracemalloc
 from schemas import topics
 from schemas.codec import encode
 from schemas.records import Record
-from streams.assembler.assembly import Assembly, Calibrations
+from streams.assembler.assembly import Assembly
 from streams.assembler.processor import TrajectoryAssembler
+from streams.assembler.reward_math import Calibrations
 from streams.assembler.slots import absent_slots
 from streams.batch import BatchResult, is_retryable
 from streams.rules.processor import RuleRewarder
