@@ -63,21 +63,15 @@ def start_docker_stack(name: str = "agentstream", timeout_s: float = 180.0) -> D
     """Start Kafka (KRaft, single node) and ClickHouse on free loopback ports; wait until both answer."""
     client = docker_client()
     kafka_port, ch_port = free_port(), free_port()
-    kafka = client.containers.run(
-        KAFKA_IMAGE,
-        name=f"{name}-kafka-{kafka_port}",
-        detach=True,
-        labels={LABEL: name},
-        ports={"9094/tcp": ("127.0.0.1", kafka_port)},
-        environment=_kafka_env(kafka_port),
-    )
-    clickhouse = client.containers.run(
+    kafka = _run_published(client, name, "kafka", KAFKA_IMAGE, "9094/tcp", kafka_port, _kafka_env(kafka_port))
+    clickhouse = _run_published(
+        client,
+        name,
+        "clickhouse",
         CLICKHOUSE_IMAGE,
-        name=f"{name}-clickhouse-{ch_port}",
-        detach=True,
-        labels={LABEL: name},
-        ports={"8123/tcp": ("127.0.0.1", ch_port)},
-        environment={"CLICKHOUSE_DEFAULT_ACCESS_MANAGEMENT": "1", "CLICKHOUSE_PASSWORD": ""},
+        "8123/tcp",
+        ch_port,
+        {"CLICKHOUSE_DEFAULT_ACCESS_MANAGEMENT": "1", "CLICKHOUSE_PASSWORD": ""},
     )
     stack = DockerStack(f"127.0.0.1:{kafka_port}", f"http://127.0.0.1:{ch_port}", [kafka, clickhouse])
     try:
@@ -87,6 +81,18 @@ def start_docker_stack(name: str = "agentstream", timeout_s: float = 180.0) -> D
         stack.stop()
         raise
     return stack
+
+
+def _run_published(client, stack: str, role: str, image: str, port: str, host_port: int, environment: dict):
+    """Start `image` detached, labelled as `stack`'s, its `port` published on 127.0.0.1:`host_port`."""
+    return client.containers.run(
+        image,
+        name=f"{stack}-{role}-{host_port}",
+        detach=True,
+        labels={LABEL: stack},
+        ports={port: ("127.0.0.1", host_port)},
+        environment=environment,
+    )
 
 
 def _kafka_env(host_port: int) -> dict[str, str]:
@@ -109,26 +115,27 @@ def _kafka_env(host_port: int) -> dict[str, str]:
 def _wait_kafka(bootstrap: str, timeout_s: float) -> None:
     from kafka import KafkaAdminClient
 
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000).close()
-            return
-        except Exception as exc:
-            if time.monotonic() > deadline:
-                raise InfraError(f"Kafka at {bootstrap} not ready after {timeout_s:.0f}s: {exc}") from exc
-            time.sleep(1)
+    _wait_until(
+        f"Kafka at {bootstrap}",
+        timeout_s,
+        lambda: KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000).close(),
+    )
 
 
 def _wait_http(url: str, timeout_s: float) -> None:
     import urllib.request
 
+    _wait_until(f"ClickHouse at {url}", timeout_s, lambda: urllib.request.urlopen(url, timeout=3).close())
+
+
+def _wait_until(what: str, timeout_s: float, probe) -> None:
+    """Call `probe` once a second until it returns without raising; InfraError after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=3):
-                return
+            probe()
+            return
         except Exception as exc:
             if time.monotonic() > deadline:
-                raise InfraError(f"ClickHouse at {url} not ready after {timeout_s:.0f}s: {exc}") from exc
+                raise InfraError(f"{what} not ready after {timeout_s:.0f}s: {exc}") from exc
             time.sleep(1)

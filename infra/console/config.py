@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from infra.errors import ConsoleError
-from producers.gateway_requests import check_key_hashes, parse_key_hashes
+from producers.gateway.requests import check_key_hashes, parse_key_hashes
+from schemas.config_fields import option
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -21,38 +22,30 @@ class ConsoleConfig:
 
     clickhouse_url: str
     bootstrap_servers: str
-    host: str = field(default="127.0.0.1", metadata={"help": "address to bind (loopback unless you mean it)"})
-    port: int = field(default=8090, metadata={"help": "port to bind (0: any free port)"})
-    api_key_hashes: frozenset[str] | tuple[str, ...] = field(
-        default=(),
-        metadata={
-            "help": "comma-separated sha256 hex digests of the API keys that may read the console "
-            "(the gateway's; `agentstream gateway-key KEY`)",
-            "env": "AGENTSTREAM_GATEWAY_API_KEY_HASHES",
-        },
+    host: str = option("127.0.0.1", "address to bind (loopback unless you mean it)")
+    port: int = option(8090, "port to bind (0: any free port)")
+    api_key_hashes: frozenset[str] | tuple[str, ...] = option(
+        (),
+        "comma-separated sha256 hex digests of the API keys that may read the console (the "
+        "gateway's; `agentstream gateway-key KEY`)",
+        env="AGENTSTREAM_GATEWAY_API_KEY_HASHES",
     )
-    allow_anonymous: bool = field(
-        default=False, metadata={"help": "serve a non-loopback address without API keys"}
+    allow_anonymous: bool = option(False, "serve a non-loopback address without API keys")
+    allowed_hosts: tuple[str, ...] = option(
+        (),
+        "Host header names (host or host:port, comma-separated) the console answers besides "
+        "127.0.0.1, localhost and [::1] and the address it binds; any other Host gets 421 (DNS "
+        "rebinding)",
+        env="AGENTSTREAM_CONSOLE_ALLOWED_HOSTS",
     )
-    allowed_hosts: tuple[str, ...] = field(
-        default=(),
-        metadata={
-            "help": "Host header names (host or host:port, comma-separated) the console answers besides "
-            "127.0.0.1, localhost and [::1] and the address it binds; any other Host gets 421 (DNS "
-            "rebinding)",
-            "env": "AGENTSTREAM_CONSOLE_ALLOWED_HOSTS",
-        },
+    header_timeout_s: float = option(
+        10.0,
+        "a connection must send a complete request head within this many seconds of opening (or of "
+        "the previous response), or it is closed",
+        env="AGENTSTREAM_CONSOLE_HEADER_TIMEOUT_S",
     )
-    header_timeout_s: float = field(
-        default=10.0,
-        metadata={
-            "help": "a connection must send a complete request head within this many seconds of opening "
-            "(or of the previous response), or it is closed",
-            "env": "AGENTSTREAM_CONSOLE_HEADER_TIMEOUT_S",
-        },
-    )
-    page_size: int = field(default=50, metadata={"help": "trajectories per page"})
-    refresh_s: float = field(default=2.0, metadata={"help": "the overview refreshes this often (seconds)"})
+    page_size: int = option(50, "trajectories per page")
+    refresh_s: float = option(2.0, "the overview refreshes this often (seconds)")
     dead_letters_shown: int = 20
 
     def __post_init__(self):

@@ -5,12 +5,13 @@ Validation is in `__post_init__` and names the option and the value; nothing her
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from infra.export.errors import ExportError
 from infra.export.splits import parse_fractions
+from schemas.config_fields import option
 
 KINDS: tuple[str, ...] = ("sft", "dpo", "dpo_step", "grpo")
 """The kinds with a TRL row format (`sft_tokenized` rows are tokenizer-specific: not exported)."""
@@ -22,63 +23,36 @@ FORMATS: tuple[str, ...] = ("jsonl", "parquet", "hf")
 class ExportConfig:
     """What one export does."""
 
-    kind: Literal["sft", "dpo", "dpo_step", "grpo"] = field(
-        default="sft",
-        metadata={
-            "env": "AGENTSTREAM_EXPORT_KIND",
-            "help": "dataset kind: sft, dpo (trajectory pairs), dpo_step, grpo",
-        },
+    kind: Literal["sft", "dpo", "dpo_step", "grpo"] = option(
+        "sft", "dataset kind: sft, dpo (trajectory pairs), dpo_step, grpo", env="AGENTSTREAM_EXPORT_KIND"
     )
-    source: Literal["clickhouse", "batches"] = field(
-        default="clickhouse",
-        metadata={
-            "env": "AGENTSTREAM_EXPORT_SOURCE",
-            "help": "clickhouse: build rows from scored trajectories; batches: the trainer's files",
-        },
+    source: Literal["clickhouse", "batches"] = option(
+        "clickhouse",
+        "clickhouse: build rows from scored trajectories; batches: the trainer's files",
+        env="AGENTSTREAM_EXPORT_SOURCE",
     )
-    format: Literal["jsonl", "parquet", "hf"] = field(
-        default="jsonl",
-        metadata={
-            "flag": "--format",
-            "env": "AGENTSTREAM_EXPORT_FORMAT",
-            "help": "jsonl, parquet, or hf (a Hub-style directory: data/<split>-*.parquet + card)",
-        },
+    format: Literal["jsonl", "parquet", "hf"] = option(
+        "jsonl",
+        "jsonl, parquet, or hf (a Hub-style directory: data/<split>-*.parquet + card)",
+        flag="--format",
+        env="AGENTSTREAM_EXPORT_FORMAT",
     )
-    out: Path | None = field(
-        default=None, metadata={"env": "AGENTSTREAM_EXPORT_OUT", "help": "output directory (created)"}
+    out: Path | None = option(None, "output directory (created)", env="AGENTSTREAM_EXPORT_OUT")
+    split: str = option(
+        "0.8,0.1,0.1", "train,validation,test fractions (split by task id)", env="AGENTSTREAM_EXPORT_SPLIT"
     )
-    split: str = field(
-        default="0.8,0.1,0.1",
-        metadata={
-            "env": "AGENTSTREAM_EXPORT_SPLIT",
-            "help": "train,validation,test fractions (split by task id)",
-        },
+    seed: int = option(0, "split salt: a task keeps its split across exports", env="AGENTSTREAM_EXPORT_SEED")
+    reward_versions: tuple[str, ...] = option(
+        (),
+        "only data scored with these reward versions (comma-separated; default: all)",
+        flag="--reward-version",
+        env="AGENTSTREAM_EXPORT_REWARD_VERSION",
     )
-    seed: int = field(
-        default=0,
-        metadata={
-            "env": "AGENTSTREAM_EXPORT_SEED",
-            "help": "split salt: a task keeps its split across exports",
-        },
+    min_reward: float | None = option(
+        None, "SFT: only trajectories with at least this reward", env="AGENTSTREAM_EXPORT_MIN_REWARD"
     )
-    reward_versions: tuple[str, ...] = field(
-        default=(),
-        metadata={
-            "flag": "--reward-version",
-            "env": "AGENTSTREAM_EXPORT_REWARD_VERSION",
-            "help": "only data scored with these reward versions (comma-separated; default: all)",
-        },
-    )
-    min_reward: float | None = field(
-        default=None,
-        metadata={
-            "env": "AGENTSTREAM_EXPORT_MIN_REWARD",
-            "help": "SFT: only trajectories with at least this reward",
-        },
-    )
-    require_success: bool = field(
-        default=True,
-        metadata={"env": "AGENTSTREAM_EXPORT_REQUIRE_SUCCESS", "help": "SFT: only successful trajectories"},
+    require_success: bool = option(
+        True, "SFT: only successful trajectories", env="AGENTSTREAM_EXPORT_REQUIRE_SUCCESS"
     )
 
     def __post_init__(self):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from infra.mcp.errors import McpToolError
+from schemas.config_fields import option
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DEFAULT_POLICY_URL = "http://127.0.0.1:8000/v1"  # `agentstream policy` / `up --policy` defaults
@@ -21,49 +22,27 @@ class McpConfig:
     clickhouse_url: str = ""
     bootstrap_servers: str = ""
     data_dir: Path = Path(".agentstream")
-    transport: Literal["stdio", "http"] = field(
-        default="stdio",
-        metadata={
-            "env": "AGENTSTREAM_MCP_TRANSPORT",
-            "help": "stdio (an MCP client starts the server) or streamable HTTP",
-        },
+    transport: Literal["stdio", "http"] = option(
+        "stdio", "stdio (an MCP client starts the server) or streamable HTTP", env="AGENTSTREAM_MCP_TRANSPORT"
     )
-    host: str = field(
-        default="127.0.0.1",
-        metadata={"env": "AGENTSTREAM_MCP_HOST", "help": "HTTP transport: loopback address to bind"},
+    host: str = option("127.0.0.1", "HTTP transport: loopback address to bind", env="AGENTSTREAM_MCP_HOST")
+    port: int = option(8765, "HTTP transport: port to bind (0: any free port)", env="AGENTSTREAM_MCP_PORT")
+    sql_max_rows: int = option(
+        1000, "the sql tool returns at most this many rows", env="AGENTSTREAM_MCP_SQL_MAX_ROWS"
     )
-    port: int = field(
-        default=8765,
-        metadata={"env": "AGENTSTREAM_MCP_PORT", "help": "HTTP transport: port to bind (0: any free port)"},
+    sql_timeout_s: float = option(
+        30.0, "the sql tool gives up on a query after this", env="AGENTSTREAM_MCP_SQL_TIMEOUT_S"
     )
-    sql_max_rows: int = field(
-        default=1000,
-        metadata={
-            "env": "AGENTSTREAM_MCP_SQL_MAX_ROWS",
-            "help": "the sql tool returns at most this many rows",
-        },
+    policy_urls: tuple[str, ...] = option(
+        (DEFAULT_POLICY_URL,),
+        "the policy endpoints the rollout tool may call (comma-separated OpenAI base URLs); the "
+        "stack's own policy server (<data dir>/run/policy.ready) is always allowed",
+        env="AGENTSTREAM_MCP_POLICY_URLS",
     )
-    sql_timeout_s: float = field(
-        default=30.0,
-        metadata={
-            "env": "AGENTSTREAM_MCP_SQL_TIMEOUT_S",
-            "help": "the sql tool gives up on a query after this",
-        },
-    )
-    policy_urls: tuple[str, ...] = field(
-        default=(DEFAULT_POLICY_URL,),
-        metadata={
-            "env": "AGENTSTREAM_MCP_POLICY_URLS",
-            "help": "the policy endpoints the rollout tool may call (comma-separated OpenAI base URLs); "
-            "the stack's own policy server (<data dir>/run/policy.ready) is always allowed",
-        },
-    )
-    read_timeout_s: float = field(
-        default=30.0,
-        metadata={
-            "env": "AGENTSTREAM_MCP_READ_TIMEOUT_S",
-            "help": "seconds to read the topics (calibration_report from topics)",
-        },
+    read_timeout_s: float = option(
+        30.0,
+        "seconds to read the topics (calibration_report from topics)",
+        env="AGENTSTREAM_MCP_READ_TIMEOUT_S",
     )
 
     def __post_init__(self):

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from producers.envs.errors import EnvError
 from producers.envs.protocol import AgentEnv
 from producers.envs.registry import make
+from schemas.json_input import json_object
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "tasks"
 
@@ -65,12 +64,7 @@ def load_tasks(path: str | Path) -> list[Task]:
 
 def parse_task_line(line: str, where: str) -> Task:
     """One task from one JSON line; `where` (file:line) starts every error message."""
-    try:
-        row = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise EnvError(f"{where}: not valid JSON ({exc})") from None
-    if not isinstance(row, dict):
-        raise EnvError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    row = json_object(line, where, EnvError)
     for name in ("task_id", "env"):
         if not isinstance(row.get(name), str) or not row[name].strip():
             raise EnvError(f"{where}: field {name!r}: expected a non-empty string, got {row.get(name)!r}")

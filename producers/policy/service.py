@@ -163,14 +163,21 @@ def token_body(engine, request: TokenRequest, samples) -> dict:
         for index, sample in enumerate(samples)
     ]
     return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": request.model,
+        **_head("cmpl", "text_completion", request.model),
         "policy_version": engine.version,
         "prompt_token_ids": request.prompt_ids,
         "choices": choices,
         "usage": usage(len(request.prompt_ids), samples),
+    }
+
+
+def _head(id_prefix: str, kind: str, model: str) -> dict:
+    """The fields every OpenAI response body starts with: a fresh id, its object kind, the time, the model."""
+    return {
+        "id": f"{id_prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
     }
 
 
@@ -279,10 +286,7 @@ def response_body(engine, request: ChatRequest, prompt: Prompt, samples) -> dict
     """The OpenAI `chat.completion` body (plus `policy_version`)."""
     choices = [_choice(engine, request, index, sample) for index, sample in enumerate(samples)]
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": request.model,
+        **_head("chatcmpl", "chat.completion", request.model),
         "system_fingerprint": engine.tokenizer_hash,
         "policy_version": version_of(engine, samples),
         "choices": choices,

@@ -110,25 +110,17 @@ def _normalise(text: str) -> str:
 
 
 def _scan(text: str):
-    """Yield (index, char, in_string) for a double-quoted JSON-ish text."""
+    """Yield (index, char, in_string) for a double-quoted JSON-ish text; `in_string` is the state
+    after the char (an opening quote is inside the string, its closing quote is not)."""
     in_string = escaped = False
     for i, ch in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-                yield i, ch, True
-                continue
-            yield i, ch, True
-        else:
-            if ch == '"':
-                in_string = True
-                yield i, ch, True
-                continue
-            yield i, ch, False
+        if escaped:
+            escaped = False
+        elif in_string and ch == "\\":
+            escaped = True
+        elif ch == '"':
+            in_string = not in_string
+        yield i, ch, in_string
 
 
 def _strip_trailing_commas(text: str) -> str:
@@ -166,18 +158,9 @@ def _close(text: str) -> str:
 
 
 def _open_string(text: str) -> bool:
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-    return in_string
+    """Whether `text` ends inside a string."""
+    states = [inside for _, _, inside in _scan(text)]
+    return bool(states) and states[-1]
 
 
 def _last_separator(text: str) -> int:

@@ -151,18 +151,20 @@ def _t(name: str, category: ToolCategory, key: str = "", *aliases: str) -> ToolS
     return ToolSpec(name, category, key, tuple(aliases))
 
 
-def _rubrics(domain: str) -> dict[str, RubricSpec]:
-    """A built-in domain's rubrics, from the one catalogue the judge reads too (streams.rubrics)."""
-    return {r.id: RubricSpec(r.weight, r.evaluator) for r in BUILTIN_RUBRICS[domain]}
+def _builtin(
+    domain: str, tools: tuple[ToolSpec, ...] = (), outcome: OutcomeSpec = OutcomeSpec()
+) -> DomainProfile:
+    """A built-in profile: its rubrics from the one catalogue the judge reads too (streams.rubrics)."""
+    rubrics = {r.id: RubricSpec(r.weight, r.evaluator) for r in BUILTIN_RUBRICS[domain]}
+    return DomainProfile(domain, tools, outcome, rubrics, display_name=domain.title())
 
 
-DEFAULT_RUBRICS = _rubrics("generic")
-CONVERSATION_RUBRICS = _rubrics("conversation")
-ENGINEERING_RUBRICS = _rubrics("engineering")
-ADVISORY_RUBRICS = _rubrics("advisory")
-DISCUSSION_RUBRICS = _rubrics("discussion")
+THINK = _t("think", T)
+RESPOND = _t("respond", W, "", "reply", "answer")
+WEB_SEARCH = _t("web_search", S, "", "search", "browse")
+CREATE_NOTE = _t("create_note", W, "", "note", "memo")
 
-CODING = DomainProfile(
+CODING = _builtin(
     "coding",
     (
         _t("read_file", R, "file_path", "Read", "cat"),
@@ -173,13 +175,11 @@ CODING = DomainProfile(
         _t("ipython", X),
         _t("submit", SUB),
         _t("finish", SUB),
-        _t("think", T),
+        THINK,
     ),
     OutcomeSpec(score_field="tests_passed", total_field="tests_total"),
-    DEFAULT_RUBRICS,
-    display_name="Coding",
 )
-BROWSER = DomainProfile(
+BROWSER = _builtin(
     "browser",
     (
         _t("click", W, "element_id", "tap"),
@@ -192,26 +192,20 @@ BROWSER = DomainProfile(
         _t("select", W),
         _t("submit", SUB),
     ),
-    OutcomeSpec(),
-    DEFAULT_RUBRICS,
-    display_name="Browser",
 )
-CONVERSATION = DomainProfile(
+CONVERSATION = _builtin(
     "conversation",
     (
-        _t("respond", W, "", "reply", "answer"),
+        RESPOND,
         _t("query_stats", R, "", "query", "lookup", "get_stats"),
         _t("send_message", W, "", "message", "notify"),
         _t("delegate", X, "", "assign", "dispatch"),
-        _t("web_search", S, "", "search", "browse"),
-        _t("create_note", W, "", "note", "memo"),
-        _t("think", T),
+        WEB_SEARCH,
+        CREATE_NOTE,
+        THINK,
     ),
-    OutcomeSpec(),
-    CONVERSATION_RUBRICS,
-    display_name="Conversation",
 )
-ENGINEERING = DomainProfile(
+ENGINEERING = _builtin(
     "engineering",
     (
         _t("read_file", R, "file_path", "file_read", "cat"),
@@ -219,37 +213,18 @@ ENGINEERING = DomainProfile(
         _t("git", X, "", "git_diff", "git_log"),
         _t("knowledge_base", R, "", "kb", "docs"),
         _t("bash", X, "", "shell", "run"),
-        _t("think", T),
+        THINK,
     ),
-    OutcomeSpec(),
-    ENGINEERING_RUBRICS,
-    display_name="Engineering",
 )
-ADVISORY = DomainProfile(
+ADVISORY = _builtin(
     "advisory",
-    (
-        _t("respond", W, "", "reply", "answer"),
-        _t("knowledge_base", R, "", "kb", "docs", "research"),
-        _t("web_search", S, "", "search", "browse"),
-        _t("create_note", W, "", "note", "memo"),
-        _t("think", T),
-    ),
-    OutcomeSpec(),
-    ADVISORY_RUBRICS,
-    display_name="Advisory",
+    (RESPOND, _t("knowledge_base", R, "", "kb", "docs", "research"), WEB_SEARCH, CREATE_NOTE, THINK),
 )
-DISCUSSION = DomainProfile(
+DISCUSSION = _builtin(
     "discussion",
-    (
-        _t("respond", W, "", "reply", "contribute"),
-        _t("knowledge_base", R, "", "kb", "reference"),
-        _t("think", T),
-    ),
-    OutcomeSpec(),
-    DISCUSSION_RUBRICS,
-    display_name="Discussion",
+    (_t("respond", W, "", "reply", "contribute"), _t("knowledge_base", R, "", "kb", "reference"), THINK),
 )
-GENERIC = DomainProfile("generic", (), OutcomeSpec(), DEFAULT_RUBRICS, display_name="Generic")
+GENERIC = _builtin("generic")
 
 BUILTIN_PROFILES: dict[str, DomainProfile] = {
     p.domain: p for p in (CODING, BROWSER, CONVERSATION, ENGINEERING, ADVISORY, DISCUSSION, GENERIC)
