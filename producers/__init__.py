@@ -1,4 +1,5 @@
-"""agentstream producers: the `AgentRecorder` SDK, the env wrapper, the spool, the HTTP gateway.
+"""agentstream producers: the `AgentRecorder` SDK (`sdk/`), the HTTP gateway with OTLP (`gateway/`),
+log adapters, environments and their recorder (`envs/`), the policy server and the rollout driver.
 
     from producers import AgentRecorder
     rec = AgentRecorder(bootstrap_servers="127.0.0.1:19092", data_dir=".agentstream", agent="my-agent")
@@ -17,7 +18,6 @@ __all__ = [
     "EpisodeStateError",
     "GatewayConfig",
     "ProducerError",
-    "RecordedEnv",
     "RecorderBufferFull",
     "RecorderClosed",
     "RecorderConfig",
@@ -29,23 +29,19 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """Import an export on first use (plain imports, so a renamed module fails lint, not users)."""
     if name in ("AgentRecorder", "AsyncAgentRecorder", "Episode", "RecorderConfig"):
-        from producers import recorder
+        from producers.sdk import recorder
 
         return getattr(recorder, name)
     if name in ("ProducerError", "RecorderBufferFull", "RecorderClosed", "EpisodeStateError", "SpoolError"):
         from producers import errors
 
         return getattr(errors, name)
-    if name == "RecordedEnv":
-        from producers.env import RecordedEnv
-
-        return RecordedEnv
     if name == "Spool":
-        from producers.spool import Spool
+        from producers.sdk.spool import Spool
 
         return Spool
     if name == "GatewayConfig":
-        from producers.gateway_requests import GatewayConfig
+        from producers.gateway.requests import GatewayConfig
 
         return GatewayConfig
     raise AttributeError(f"module 'producers' has no attribute {name!r}")

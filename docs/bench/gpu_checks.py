@@ -158,7 +158,7 @@ def _method_times(executor, data: dict, steps: int) -> dict:
 def _round_trip(config, data_dir: Path, rows: list[dict]) -> tuple[dict, object]:
     """train_batch -> checkpoint v1 -> a new executor resumes it (logits, optimizer) -> v2; returns
     the figures and the resumed executor (at v2)."""
-    from consumers.trainer.executor import TrainingExecutor
+    from consumers.training.executor import TrainingExecutor
 
     executor = TrainingExecutor(config, data_dir)
     event, save_s = _timed(lambda: executor.train_batch(rows, "sft", "gpu-batch-1"))
@@ -198,7 +198,7 @@ def _engine_reads_trainer(args, base: Path, executor, row: dict) -> dict:
 
 
 def _config(args, base: Path):
-    from consumers.trainer.executor import TrainConfig
+    from consumers.training.executor import TrainConfig
 
     return TrainConfig(
         base_model=str(base), micro_batch_size=args.train_rows, device=args.device, max_length=1024
@@ -206,7 +206,7 @@ def _config(args, base: Path):
 
 
 def trainer(args, work: Path) -> dict:
-    from consumers.trainer.executor import TrainingExecutor
+    from consumers.training.executor import TrainingExecutor
 
     base = _model_dir(args, work)
     config = _config(args, base)

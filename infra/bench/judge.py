@@ -20,7 +20,7 @@ import time
 from datetime import UTC, datetime
 
 from infra.bench import report
-from infra.runtime import python_module_argv
+from infra.runtime import python_module_argv, stop_child
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -67,12 +67,7 @@ class _server:
         return self.proc.stdout.readline().strip()
 
     def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        stop_child(self.proc)
 
 
 def _processor(url: str | None, concurrency: int, batch_steps: int, client=None):

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import gzip
 import os
-import tempfile
 import time
 from pathlib import Path
 
-from infra.bench.children import AGENTSTREAM, Child, start_broker
+from infra.bench.children import AGENTSTREAM, Child, scratch_broker
 
 KEY = "bench-otlp-key"
 SPANS_PER_TRACE = 20
@@ -125,22 +124,13 @@ async def load(url: str, payloads: list[bytes], fmt: str, concurrency: int) -> d
 
 def run(args) -> dict:
     repeats = max(1, args.repeats)
-    with tempfile.TemporaryDirectory(prefix="agentstream-bench-otlp-") as tmp:
-        root = Path(tmp)
-        broker = start_broker(root / "broker")
-        try:
-            gateway = _start_gateway(root, broker.address)
-            try:
-                base = f"http://{gateway.address}"
-                rows = [
-                    _row(f"{base}/v1/events" if fmt == "events" else f"{base}/v1/traces", fmt, args, repeats)
-                    for fmt in FORMATS
-                ]
-                events = _events_on(broker.address)
-            finally:
-                gateway.stop()
-        finally:
-            broker.stop()
+    with scratch_broker("otlp") as (root, broker), _start_gateway(root, broker.address) as gateway:
+        base = f"http://{gateway.address}"
+        rows = [
+            _row(f"{base}/v1/events" if fmt == "events" else f"{base}/v1/traces", fmt, args, repeats)
+            for fmt in FORMATS
+        ]
+        events = _events_on(broker.address)
     spans = sum(r["spans"] * repeats + args.spans_per_request for r in rows)  # with each warm-up request
     expected = spans // SPANS_PER_TRACE * (SPANS_PER_TRACE + 1)
     ratio = rows[0]["spans_per_s"] / rows[2]["spans_per_s"]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
 import threading
 import time
 import uuid
@@ -33,7 +32,7 @@ from contextlib import contextmanager
 from itertools import pairwise
 from pathlib import Path
 
-from infra.bench.children import start_broker
+from infra.bench.children import scratch_broker
 from infra.bench.report import median, percentile
 from infra.options.env import add_option
 
@@ -73,13 +72,8 @@ def run(args) -> dict:
 
     hf_logging.disable_progress_bar()
     levels = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
-    with tempfile.TemporaryDirectory(prefix="agentstream-bench-policy-") as tmp:
-        root = Path(tmp)
-        broker = start_broker(root / "broker")
-        try:
-            result = _measure(root, broker.address, levels, args)
-        finally:
-            broker.stop()
+    with scratch_broker("policy") as (root, broker):
+        result = _measure(root, broker.address, levels, args)
         result["gpu"] = gpu_comparison(args, root)
     result["rows"] += result["gpu"].get("rows", [])
     result["notes"] += result["gpu"].get("notes", [result["gpu"].get("skipped", "")])
@@ -87,7 +81,7 @@ def run(args) -> dict:
 
 
 def _measure(root: Path, bootstrap: str, levels: list[int], args) -> dict:
-    from consumers.trainer.tiny import tiny_model_dir
+    from consumers.tiny_model import tiny_model_dir
     from producers.policy.engine import LocalEngine
     from producers.policy.service import PolicyService
     from producers.sdk.recorder import AgentRecorder
@@ -476,7 +470,7 @@ def compare_generate(
 
 def _model_of_shape(directory: Path, shape: dict):
     """Save a Qwen2 model of `shape` (random weights) and the tiny tokenizer in `directory`."""
-    from consumers.trainer.tiny import build_model, train_tokenizer
+    from consumers.tiny_model import build_model, train_tokenizer
 
     tokenizer = train_tokenizer()
     model = build_model(tokenizer, **shape)

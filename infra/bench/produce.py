@@ -17,12 +17,11 @@ Starts its own embedded broker (`agentstream broker`) in a temporary directory a
 
 from __future__ import annotations
 
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from infra.bench.children import AGENTSTREAM, Child, start_broker
+from infra.bench.children import AGENTSTREAM, Child, scratch_broker
 
 OBSERVATION = "o" * 2048
 
@@ -191,17 +190,12 @@ def _row(path: str, client: str, events: int, runs: list[dict], latency: str) ->
 
 def run(args) -> dict:
     repeats = max(1, args.repeats)
-    with tempfile.TemporaryDirectory(prefix="agentstream-bench-produce-") as tmp:
-        root = Path(tmp)
-        broker = start_broker(root / "broker")
-        try:
-            rows, accept = _sdk_rows(broker.address, root, args.steps, repeats)
-            gateway_rows = [
-                _gateway_row(broker.address, root, client, args, repeats) for client in GATEWAY_CLIENTS
-            ]
-            rows += gateway_rows
-        finally:
-            broker.stop()
+    with scratch_broker("produce") as (root, broker):
+        rows, accept = _sdk_rows(broker.address, root, args.steps, repeats)
+        gateway_rows = [
+            _gateway_row(broker.address, root, client, args, repeats) for client in GATEWAY_CLIENTS
+        ]
+        rows += gateway_rows
     ratio = gateway_rows[0]["events_per_s"] / gateway_rows[1]["events_per_s"]
     return {
         "rows": rows,

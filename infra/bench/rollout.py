@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
-from infra.bench.children import start_broker
+from infra.bench.children import scratch_broker
 from infra.bench.report import median, percentile
 from infra.options.env import add_option
 
@@ -52,13 +51,8 @@ def run(args) -> dict:
     for name in ("httpx", "httpx2"):  # one INFO line per policy call would drown the table
         logging.getLogger(name).setLevel(logging.WARNING)
     levels = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
-    with tempfile.TemporaryDirectory(prefix="agentstream-bench-rollout-") as tmp:
-        root = Path(tmp)
-        broker = start_broker(root / "broker")
-        try:
-            rollout = _measure_rollouts(root, broker.address, levels, args)
-        finally:
-            broker.stop()
+    with scratch_broker("rollout") as (root, broker):
+        rollout = _measure_rollouts(root, broker.address, levels, args)
     sandbox = sandbox_overhead(args.sandbox_calls)
     return {
         "rows": [*rollout["rows"], *sandbox.pop("rows")], "levels": levels, "rollout": rollout["summary"],
@@ -76,7 +70,7 @@ def run(args) -> dict:
 
 def _measure_rollouts(root: Path, bootstrap: str, levels: list[int], args) -> dict:
     import producers.envs  # noqa: F401  (registers the built-in environments)
-    from consumers.trainer.tiny import tiny_model_dir
+    from consumers.tiny_model import tiny_model_dir
     from infra.bench.policy import _servers
     from producers.envs.tasks import builtin_tasks
     from producers.policy.engine import LocalEngine

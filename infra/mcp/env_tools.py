@@ -205,8 +205,8 @@ def _tasks(env: str, task_ids: list[str] | None):
 
 
 def _run_recorded(config: McpConfig, rollout_config, tasks) -> list:
-    from producers.recorder import AgentRecorder
     from producers.rollout.driver import run
+    from producers.sdk.recorder import AgentRecorder
 
     recorder = AgentRecorder(
         config.bootstrap_servers, Path(config.data_dir), agent="rollout", model=rollout_config.model

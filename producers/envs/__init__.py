@@ -15,7 +15,8 @@ SWE-bench-style instance files load offline as sandbox tasks with `load_swe_inst
     from producers.envs import make, RecorderWrapper, MaxStepsWrapper
     env = RecorderWrapper(MaxStepsWrapper(make("calc", difficulty=2), 8), recorder)
 
-`producers.env.RecordedEnv` (Gymnasium-style envs) is separate and unchanged.
+`RecorderWrapper` is the one env recorder. A Gymnasium-style env (`reset`/`step` tuples) is
+recorded through the same wrapper once adapted: `RecorderWrapper(GymnasiumEnv(my_env), recorder)`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from functools import partial
 from producers.envs.calc import CalcEnv
 from producers.envs.conversation import ConversationEnv
 from producers.envs.errors import EnvError, ExpressionError
+from producers.envs.gymnasium_env import GymnasiumEnv, env_action
 from producers.envs.protocol import Action, AgentEnv, EnvWrapper, TimeStep
 from producers.envs.registry import EnvSpec, list_envs, make, register, spec, unregister
 from producers.envs.sandbox_env import SandboxEnv
@@ -49,6 +51,7 @@ __all__ = [
     "EnvWrapper",
     "EpisodeStatisticsWrapper",
     "ExpressionError",
+    "GymnasiumEnv",
     "MaxStepsWrapper",
     "ObservationTruncateWrapper",
     "RecorderWrapper",
@@ -58,6 +61,7 @@ __all__ = [
     "TimeStep",
     "TimeoutWrapper",
     "builtin_tasks",
+    "env_action",
     "list_envs",
     "load_swe_instances",
     "load_tasks",

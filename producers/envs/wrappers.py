@@ -20,7 +20,7 @@ from typing import Any
 
 from producers.envs.errors import EnvError
 from producers.envs.protocol import Action, AgentEnv, EnvWrapper, TimeStep
-from producers.recorder import AgentRecorder, Episode
+from producers.sdk.recorder import AgentRecorder, Episode
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,9 @@ class ObservationTruncateWrapper(EnvWrapper):
 
 
 class RecorderWrapper(EnvWrapper):
-    """Records every episode with an `AgentRecorder`: `reset()` starts one (`episode.started`, the
+    """The env recorder (the only one; Gymnasium-style envs come through `GymnasiumEnv`).
+
+    Records every episode with an `AgentRecorder`: `reset()` starts one (`episode.started`, the
     task text is the first observation), each step is a `step.recorded` (tool, params, thought,
     observation, reward, exit_code and error from `info`, latency), and the step that ends the
     episode records `episode.ended` with `success` from `env.verify()` (the env's state, never the

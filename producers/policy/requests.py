@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from producers.errors import ProducerError
-from producers.gateway_requests import check_key_hashes, parse_key_hashes
+from producers.gateway.requests import check_key_hashes, parse_key_hashes
 from producers.policy.engine import MIN_TEMPERATURE, SamplingParams
 
 MAX_N = 16

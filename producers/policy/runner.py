@@ -50,7 +50,7 @@ def build_service(config: PolicyConfig, base_dir: Path, bootstrap_servers: str, 
 def _recorder(config: PolicyConfig, bootstrap_servers: str, data_dir: Path):
     if not config.record:
         return None
-    from producers.recorder import AgentRecorder
+    from producers.sdk.recorder import AgentRecorder
 
     return AgentRecorder(bootstrap_servers, data_dir, agent="policy-server")
 

@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
-from producers.gateway_requests import key_allowed, presented_key
+from producers.gateway.requests import key_allowed, presented_key
 from producers.http import serve_app
 from producers.policy.requests import (
     LOOPBACK_HOSTS,

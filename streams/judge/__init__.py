@@ -7,6 +7,6 @@ I/O shells: `client` (retries and circuit breaker over `providers/`: anthropic, 
 (cache -> reserve -> call -> settle), `ledger` (the budget and reply cache shared through the log),
 `processor` (state + concurrent calls; the role's batch logic), `role` (the faust wiring on the one
 batch shell, `register`). The `annotate` and `calibrate` commands live in infra/commands/judge.py.
-`messages_server` (Messages API) and `chat_server` (chat completions) are local stand-ins for tests
-and the benchmark; `scripted_server` holds what both share.
+The local stand-ins for a judge model (Messages API, chat completions) are test doubles in
+tests/support/judge_servers/.
 """

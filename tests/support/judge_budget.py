@@ -18,7 +18,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from streams.judge.messages_server import MessagesServer
+from tests.support.judge_servers.messages import MessagesServer
 from tests.support.processes import Proc
 
 

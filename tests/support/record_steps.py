@@ -20,7 +20,7 @@ import sys
 import time
 
 from producers.delivery import SpoolDelivery
-from producers.recorder import AgentRecorder
+from producers.sdk.recorder import AgentRecorder
 
 
 def _say(*parts: object) -> None:

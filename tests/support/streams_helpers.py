@@ -121,7 +121,7 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 2.0) -> list[Event
         consumer.close()
 
 
-def worker_args(bootstrap: str, data_dir: Path, roles: str = "rules,assembler", *extra: str) -> list[str]:
+def worker_args(bootstrap: str, data_dir: Path, roles: str = "scoring", *extra: str) -> list[str]:
     from tests.support.processes import AGENTSTREAM
 
     return [

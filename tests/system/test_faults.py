@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.demo import sim
-from infra.demo.run import record_rollout
+from infra.bench import scripted
 from infra.stack import StackSupervisor, embedded_config
 from schemas import EpisodeEnded, EpisodeStarted, StepRecorded, derived_event_id, encode, utc_now
 from tests.support.processes import free_port, wait_for
@@ -84,17 +83,17 @@ class Stack:
 
 
 class SdkLoad(threading.Thread):
-    """Simulated agents through the SDK until stopped; remembers what it recorded."""
+    """Scripted agents in the product's envs through the SDK until stopped; remembers what it recorded."""
 
     def __init__(self, stack: Stack):
         super().__init__(daemon=True)
-        from producers.recorder import AgentRecorder
+        from producers.sdk.recorder import AgentRecorder
 
         self.recorder = AgentRecorder(
             bootstrap_servers=stack.config.bootstrap_servers,
             data_dir=stack.config.data_dir / "sdk",
-            agent="sim-agent",
-            model="sim-medium",
+            agent="scripted-agent",
+            model="scripted-medium",
         )
         self.stop_event = threading.Event()
         self.steps = 0
@@ -105,18 +104,16 @@ class SdkLoad(threading.Thread):
         try:
             round_ = 0
             while not self.stop_event.is_set():
-                for task in sim.tasks(3):
-                    rollout = sim.play(task, sim.POLICIES[round_ % 3], round_, f"sdk-{round_}-{task.task_id}")
-                    self._record(rollout, f"sdk-{round_}-{task.task_id}")
+                for task in scripted.tasks(3):
+                    tid = f"sdk-{round_}-{task.task_id}"
+                    policy = scripted.POLICIES[round_ % 3]
+                    played = scripted.play(self.recorder, task, policy, round_, tid, tid)
+                    self.steps += played.steps
+                    self.episodes += 1
                 round_ += 1
                 time.sleep(0.05)
         except BaseException as exc:  # reported by the test
             self.error = exc
-
-    def _record(self, rollout: sim.Rollout, trajectory_id: str) -> None:
-        record_rollout(self.recorder, rollout, trajectory_id)
-        self.steps += len(rollout.steps)
-        self.episodes += 1
 
 
 class GatewayLoad(threading.Thread):

@@ -1,14 +1,14 @@
-"""Acceptance (#17): `agentstream replay --roles rules,judge,assembler` beside a live stack.
+"""Acceptance (#17): `agentstream replay --roles judge,scoring` beside a live stack.
 
-Everything real: the embedded broker over TCP, a live `agentstream worker` (rules, judge,
-assembler) whose judge calls a local Messages-API server with the real anthropic SDK, the sink
-writing chDB, and `agentstream replay` running its workers as child processes.
+Everything real: the embedded broker over TCP, a live `agentstream worker` (scoring, judge) whose
+judge calls a local Messages-API server with the real anthropic SDK, the sink writing chDB, and
+`agentstream replay` running its workers as child processes.
 
 - Under the live version, from offset 0: every ClickHouse table is the same afterwards and the
   judge server gets no call (the replay's judge reads the live judge's reply cache).
-- Under rules-2 (rules + assembler): `rule_rewards` holds both versions, `trajectory.scored` gets
-  trajectories assembled under `assembly-1+rules-2`, and the live assembler (still running under
-  rules-1) makes nothing new.
+- Under rules-2 (scoring alone, waiting for the live judge's results): `rule_rewards` holds both
+  versions, `trajectory.scored` gets trajectories assembled under `assembly-1+rules-2`, and the live
+  scoring (still running under rules-1) makes nothing new.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 
 from clients.kafka import ensure_topics
 from schemas import topics
-from streams.judge.messages_server import MessagesServer
+from tests.support.judge_servers.messages import MessagesServer
 from tests.support.processes import AGENTSTREAM, Proc, wait_for
 from tests.support.sink_harness import group_caught_up, reader, rows, scalar, snapshot, start_sink
 from tests.support.streams_helpers import make_trajectory, publish, read_topic, worker_args
@@ -90,7 +90,7 @@ def test_a_replay_reproduces_every_table_without_judge_calls_and_a_new_version_a
     rng = random.Random(17)
     with MessagesServer() as server:
         env = _env(server)
-        live_args = worker_args(broker.bootstrap, tmp_path / "live", "rules,judge,assembler")
+        live_args = worker_args(broker.bootstrap, tmp_path / "live", "scoring,judge")
         live = Proc(
             [*live_args, "--judge-rules", str(rules_file), "--grace-seconds", "120"],
             tmp_path / "live.log",
@@ -130,13 +130,14 @@ def test_a_replay_reproduces_every_table_without_judge_calls_and_a_new_version_a
             args = ("--judge-rules", str(rules_file), "--from-beginning")
             same = _replay(
                 broker.bootstrap, tmp_path, env,
-                "--roles", "rules,judge,assembler", "--reward-version", "rules-1", *args,
+                "--roles", "scoring,judge", "--reward-version", "rules-1", *args,
             )  # fmt: skip
-            assert "judge: " in same.stderr and "assembler: " in same.stderr and "lag 0" in same.stderr
+            assert "judge: " in same.stderr and "scoring: " in same.stderr and "lag 0" in same.stderr
+            assert same.stderr.index("judge: ") < same.stderr.index("scoring: ")  # the judge first
             assert len(server.requests) == judge_calls  # every reply came from the live judge's cache
             again = _scored(broker.bootstrap)
             assert {t["event_id"] for t in again} == {t["event_id"] for t in live_scored}  # same ids
-            assert len(again) > len(live_scored)  # ... published again by the replay's assembler
+            assert len(again) > len(live_scored)  # ... published again by the replay's scoring
             wait_for(
                 lambda: group_caught_up(broker.bootstrap), timeout_s=60, what="the sink after the replay"
             )
@@ -147,12 +148,13 @@ def test_a_replay_reproduces_every_table_without_judge_calls_and_a_new_version_a
                 and after["rule_rewards"] == before["rule_rewards"]
             )
 
-            # 2. a new rule version: rules + assembler, beside the live stack
+            # 2. a new rule version: scoring alone (the judge's results are the live ones), beside the
+            # live stack
             new = _replay(
-                broker.bootstrap, tmp_path, env, "--roles", "assembler,rules", "--reward-version", "rules-2",
+                broker.bootstrap, tmp_path, env, "--roles", "scoring", "--reward-version", "rules-2",
                 "--expect-judge", *args,
             )  # fmt: skip
-            assert new.stderr.index("rules: ") < new.stderr.index("assembler: ")  # rewards first
+            assert "scoring: " in new.stderr and "judge: 0/" not in new.stderr  # the judge not replayed
             scored = _scored(broker.bootstrap)
             v2 = {t["trajectory_id"]: t for t in scored if t["reward_version"] == "assembly-1+rules-2"}
             assert set(v2) == {f"rj{i}" for i in range(TRAJECTORIES)}

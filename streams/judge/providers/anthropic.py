@@ -1,7 +1,7 @@
 """The Anthropic Messages API (`POST /v1/messages`) through the `anthropic` SDK's `AsyncAnthropic`.
 
 `base_url` is the API root (the SDK appends `/v1/messages`): None for Anthropic's, or any
-Messages-API endpoint (a gateway, streams/judge/messages_server.py in the tests).
+Messages-API endpoint (a gateway, tests/support/judge_servers/messages.py in the tests).
 """
 
 from __future__ import annotations

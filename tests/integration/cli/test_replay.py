@@ -1,18 +1,21 @@
-"""`agentstream replay` on real components (issue #17): rule rewards recomputed from `agent.events`
-by a separate consumer group, the sink writing them into chDB.
+"""`agentstream replay` on real components (issue #17): rule rewards and scored trajectories
+recomputed from `agent.events` by the `scoring` role under a separate consumer group, the sink
+writing them into chDB.
 
 - under the live version: every derived row in ClickHouse is reproduced exactly (the tables,
   compared whole, are the same before and after; the topic holds the same events twice);
 - under a new version: rows with that version are added, the old ones stay, both queryable;
-- `--since` reads only records at or after the time; unknown and not-yet-replayable roles are errors;
-- the assembler per rule version: a live assembler (rules-1) never takes a replay's rules-2 rewards,
-  even when they come first, and `--roles assembler` under rules-2 assembles from those only.
+- `--since` reads only records at or after the time; unknown roles, and the `rules` / `assembler`
+  roles merged into `scoring`, are errors naming the value;
+- beside a live `scoring` worker, a replay under a new rule profile and version adds its own
+  trajectories and leaves the live ones untouched.
 """
 
 from __future__ import annotations
 
 import random
 import subprocess
+import time
 from datetime import UTC, datetime
 
 import orjson
@@ -27,6 +30,7 @@ from tests.support.streams_helpers import make_trajectory, worker_args
 pytestmark = pytest.mark.integration
 
 TRAJECTORIES, STEPS = 12, 5
+GRACE = ("--grace-seconds", "3")  # every trajectory is complete: nothing waits for the grace period
 
 
 def _replay(bootstrap: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
@@ -70,12 +74,13 @@ def _publish_trajectories(bootstrap: str, prefix: str) -> None:
 
 def test_replay_reproduces_the_rule_rows_and_a_new_version_adds_its_own(broker, clickhouse_url, tmp_path):
     _publish_trajectories(broker.bootstrap, "r")
-    first = _replay(broker.bootstrap, tmp_path, "--roles", "rules", "--reward-version", "rules-1")
+    first = _replay(broker.bootstrap, tmp_path, "--roles", "scoring", "--reward-version", "rules-1", *GRACE)
     assert first.returncode == 0, first.stderr[-3000:]
     assert f"{TRAJECTORIES * (STEPS + 2):,} records" in first.stdout  # the plan counts what it reads
     assert "lag 0" in first.stderr  # the progress reports the end
     live = _rule_events(broker.bootstrap)
     assert len(live) == TRAJECTORIES * STEPS and {e["reward_version"] for e in live} == {"rules-1"}
+    assert len(_scored(broker.bootstrap)) == TRAJECTORIES  # scoring assembles them too
 
     sink = start_sink(broker.bootstrap, clickhouse_url, tmp_path / "sink")
     try:
@@ -84,7 +89,7 @@ def test_replay_reproduces_the_rule_rows_and_a_new_version_adds_its_own(broker, 
         wait_for(lambda: scalar(client, count) == TRAJECTORIES * STEPS, what="the live rule rewards")
         before = snapshot(client)
 
-        again = _replay(broker.bootstrap, tmp_path, "--reward-version", "rules-1", "--from-beginning")
+        again = _replay(broker.bootstrap, tmp_path, "--reward-version", "rules-1", "--from-beginning", *GRACE)
         assert again.returncode == 0, again.stderr[-3000:]
         replayed = _rule_events(broker.bootstrap)
         assert len(replayed) == 2 * len(live)  # published again ...
@@ -92,7 +97,7 @@ def test_replay_reproduces_the_rule_rows_and_a_new_version_adds_its_own(broker, 
         wait_for(lambda: group_caught_up(broker.bootstrap), what="the sink to read the replay")
         assert _without_offsets(snapshot(client)) == _without_offsets(before)  # every row the same
 
-        new = _replay(broker.bootstrap, tmp_path, "--reward-version", "rules-2")
+        new = _replay(broker.bootstrap, tmp_path, "--reward-version", "rules-2", *GRACE)
         assert new.returncode == 0, new.stderr[-3000:]
         wait_for(lambda: scalar(client, count) == 2 * TRAJECTORIES * STEPS, what="the rules-2 rows")
         by_version = rows(
@@ -112,7 +117,9 @@ def test_replay_since_reads_only_later_records(broker, tmp_path):
     _publish_trajectories(broker.bootstrap, "early")
     cut = datetime.now(UTC)
     _publish_trajectories(broker.bootstrap, "late")
-    done = _replay(broker.bootstrap, tmp_path, "--reward-version", "rules-9", "--since", cut.isoformat())
+    done = _replay(
+        broker.bootstrap, tmp_path, "--reward-version", "rules-9", "--since", cut.isoformat(), *GRACE
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{TRAJECTORIES * (STEPS + 2):,} records" in done.stdout  # the late half's events only
     scored = {e["trajectory_id"] for e in _rule_events(broker.bootstrap)}
@@ -121,7 +128,12 @@ def test_replay_since_reads_only_later_records(broker, tmp_path):
 
 @pytest.mark.parametrize(
     ("roles", "message"),
-    [("rules,nope", "unknown role 'nope'"), ("", "name at least one role")],
+    [
+        ("scoring,nope", "unknown role 'nope'"),
+        ("", "name at least one role"),
+        ("rules,assembler", "'rules' is no longer a role"),
+        ("assembler", "--roles scoring"),
+    ],
 )
 def test_replay_refuses_roles_it_cannot_replay(broker, tmp_path, roles, message):
     done = _replay(broker.bootstrap, tmp_path, "--roles", roles, "--reward-version", "v2")
@@ -130,11 +142,11 @@ def test_replay_refuses_roles_it_cannot_replay(broker, tmp_path, roles, message)
 
 
 def test_a_trainer_replay_under_the_same_version_rebuilds_the_same_batches(broker, clickhouse_url, tmp_path):
-    """Rules, assembler and trainer replayed from offset 0 under rules-1. Again into the same data
+    """Scoring and trainer replayed from offset 0 under rules-1. Again into the same data
     directory: the trainer finds its batches built (manifests) and every table stays the same. Into a
     fresh one: it rebuilds them, with the same ids and the same content (sha256, rows)."""
     _publish_trajectories(broker.bootstrap, "b")
-    roles = ("--roles", "rules,assembler,trainer", "--reward-version", "rules-1", "--grace-seconds", "3")
+    roles = ("--roles", "scoring,trainer", "--reward-version", "rules-1", *GRACE)
     first = _replay(broker.bootstrap, tmp_path, *roles)
     assert first.returncode == 0, first.stderr[-3000:]
     built = _batches(broker.bootstrap)
@@ -172,12 +184,20 @@ def _scored(bootstrap: str) -> list[dict]:
     return [orjson.loads(r.value) for r in read_to_end(bootstrap, [TRAJECTORY_SCORED])]
 
 
-def test_the_live_assembler_takes_only_its_versions_rule_rewards(broker, tmp_path):
+PROFILES = """\
+domain: coding
+extends: coding
+reward_weights: {outcome: 0.1, process: 0.8, efficiency: 0.1}
+"""
+
+
+def test_a_replay_under_a_new_profile_beside_the_live_scoring_leaves_it_untouched(broker, tmp_path):
+    """The live `scoring` worker (rules-1) runs throughout; `--roles scoring` under rules-2 with a
+    changed profile adds a trajectory per trajectory, with new ids and the new weights' totals, and
+    the live worker emits nothing new (it never reads `reward.rule`, where the replay's rewards go)."""
     _publish_trajectories(broker.bootstrap, "v")
-    first = _replay(broker.bootstrap, tmp_path, "--roles", "rules", "--reward-version", "rules-2")
-    assert first.returncode == 0, first.stderr[-3000:]  # rules-2 rewards now come first on reward.rule
     live = Proc(
-        worker_args(broker.bootstrap, tmp_path / "live", "rules,assembler", "--grace-seconds", "120"),
+        worker_args(broker.bootstrap, tmp_path / "live", "scoring", "--grace-seconds", "120"),
         tmp_path / "live.log",
     )
     try:
@@ -190,28 +210,25 @@ def test_the_live_assembler_takes_only_its_versions_rule_rewards(broker, tmp_pat
         )
         live_scored = _scored(broker.bootstrap)
         assert {t["reward_version"] for t in live_scored} == {"assembly-1+rules-1"}
-        assert {t["revision"] for t in live_scored} == {0}  # one emission each: no rules-2 slot taken
+        assert {t["revision"] for t in live_scored} == {0}
 
+        profiles = tmp_path / "profiles.yaml"
+        profiles.write_text(PROFILES)
         again = _replay(
-            broker.bootstrap,
-            tmp_path,
-            "--roles",
-            "assembler",
-            "--reward-version",
-            "rules-2",
-            "--grace-seconds",
-            "3",
-        )
+            broker.bootstrap, tmp_path, "--roles", "scoring", "--reward-version", "rules-2",
+            "--profiles", str(profiles), *GRACE,
+        )  # fmt: skip
         assert again.returncode == 0, again.stderr[-3000:]
+        assert "scoring: " in again.stderr and "lag 0" in again.stderr
+        time.sleep(2.0)  # anything the live worker made of the replay's output would show up now
         scored = _scored(broker.bootstrap)
-        new = [t for t in scored if t["reward_version"] == "assembly-1+rules-2"]
-        assert sorted(t["trajectory_id"] for t in new) == sorted(f"v{i}" for i in range(TRAJECTORIES))
-        assert all(t["complete"] and t["revision"] == 0 for t in new)
-        assert {t["event_id"] for t in new}.isdisjoint(
-            {t["event_id"] for t in live_scored}
-        )  # the version is in the id
-        assert [
-            t for t in scored if t["reward_version"] != "assembly-1+rules-2"
-        ] == live_scored  # live: untouched
+        new = {t["trajectory_id"]: t for t in scored if t["reward_version"] == "assembly-1+rules-2"}
+        assert sorted(new) == sorted(f"v{i}" for i in range(TRAJECTORIES))
+        assert all(t["complete"] and t["revision"] == 0 for t in new.values())
+        assert {t["event_id"] for t in new.values()}.isdisjoint({t["event_id"] for t in live_scored})
+        old = {t["trajectory_id"]: t["total_reward"] for t in live_scored}
+        assert any(t["total_reward"] != old[tid] for tid, t in new.items())  # the new weights count
+        assert [t for t in scored if t["reward_version"] != "assembly-1+rules-2"] == live_scored  # untouched
+        assert {e["reward_version"] for e in _rule_events(broker.bootstrap)} == {"rules-1", "rules-2"}
     finally:
         live.stop()

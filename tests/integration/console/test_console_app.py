@@ -16,7 +16,7 @@ import pytest
 from infra.clickhouse.analytics import leaderboard_rows
 from infra.clickhouse.browse import trajectory_scores
 from infra.clickhouse.sql import run
-from producers.gateway_requests import hash_key
+from producers.gateway.requests import hash_key
 from tests.support.processes import AGENTSTREAM, Proc, free_port, wait_for
 
 T0 = datetime(2026, 11, 20, 9, 0, 0, tzinfo=UTC)

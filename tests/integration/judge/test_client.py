@@ -8,8 +8,8 @@ import pytest
 
 from streams.judge.client import JudgeCallError, JudgeClient
 from streams.judge.config import JudgeConfig
-from streams.judge.messages_server import MessagesServer, Reply
 from streams.judge.prompt import Prompt
+from tests.support.judge_servers.messages import MessagesServer, Reply
 
 PROMPT = Prompt(
     "system", '## Rubrics (score each of these ids)\n- goal_progress (weight 0.30): x\n{"scores": {}}'

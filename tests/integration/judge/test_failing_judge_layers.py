@@ -1,6 +1,6 @@
 """Acceptance (#17, reward definitions as data): an always-failing judge endpoint, everything real.
 
-The embedded broker over TCP, one `agentstream worker` (rules, judge, assembler) whose judge calls
+The embedded broker over TCP, one `agentstream worker` (scoring, judge) whose judge calls
 the local Messages-API server with the real anthropic SDK (every call answered 500), the trainer
 building GRPO groups and the sink writing chDB. What a user sees: each trajectory says its judge
 layer is missing and why, no judge score is made up (a step's process score is its rule score),
@@ -15,7 +15,7 @@ import random
 import pytest
 
 from clients.kafka import ensure_topics
-from consumers.trainer.batch_writer import BatchStore
+from consumers.batching.batch_writer import BatchStore
 from schemas import topics
 from schemas.events import EpisodeStarted
 from tests.support.judge_servers.messages import MessagesServer
@@ -70,7 +70,7 @@ def test_an_always_failing_judge_is_a_missing_layer_not_a_score(broker, clickhou
         "AGENTSTREAM_JUDGE_MAX_ATTEMPTS": "2",
         "AGENTSTREAM_JUDGE_BACKOFF_BASE_S": "0.05",
     }
-    args = worker_args(broker.bootstrap, tmp_path / "worker", "rules,judge,assembler")
+    args = worker_args(broker.bootstrap, tmp_path / "worker", "scoring,judge")
     args += ["--judge-rules", str(judge_rules), "--grace-seconds", "120"]  # the failures end the wait
     store = BatchStore(tmp_path / "trainer")
     with MessagesServer() as server:

@@ -1,5 +1,5 @@
 """The judge over OpenAI-compatible chat completions: the real openai SDK against the local
-chat-completions server (streams/judge/chat_server.py), through the same client (retries,
+chat-completions server (tests/support/judge_servers/chat.py), through the same client (retries,
 retry-after, circuit breaker) and processor (parsing, failure kinds, cost) as the anthropic path."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import asyncio
 
 import pytest
 
-from streams.judge.chat_server import ChatServer, Reply
 from streams.judge.client import JudgeCallError, JudgeClient
 from streams.judge.config import JudgeConfig, ModelPrice
-from streams.judge.messages_server import MessagesServer
 from streams.judge.processor import JudgeProcessor
 from streams.judge.prompt import Prompt
 from streams.judge.rubrics import RubricCatalog
 from streams.judge.selection import JudgeRule, JudgeRules
 from tests.support.judge_events import T0, trajectory
+from tests.support.judge_servers.chat import ChatServer, Reply
+from tests.support.judge_servers.messages import MessagesServer
 
 MODEL = "judge-model"
 PRICES = {MODEL: ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0)}

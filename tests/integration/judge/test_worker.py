@@ -9,9 +9,9 @@ import pytest
 
 from clients.kafka import ensure_topics
 from schemas.topics import AGENT_EVENTS, DLQ, REWARD_JUDGE
-from streams.judge.messages_server import MessagesServer
 from streams.judge.selection import sample_fraction
 from tests.support.judge_events import trajectory
+from tests.support.judge_servers.messages import MessagesServer
 from tests.support.judge_worker import TopicReader
 from tests.support.processes import AGENTSTREAM, Proc, wait_for
 from tests.support.sink_harness import publish
@@ -115,11 +115,10 @@ def test_worker_group_mode_one_call_per_group_across_partitions(broker, tmp_path
     assert len(server.requests) == 2  # one call per group
 
 
-@pytest.mark.parametrize("roles", ["rules,assembler,judge", "scoring,judge"])
-def test_assembled_trajectories_carry_judge_scores_and_a_published_calibration(broker, tmp_path, roles):
-    """rules + assembler (or scoring) + judge workers: the assembler waits for the judge on selected
-    trajectories, and after `calibration.updated` arrives its totals use the calibrated judge score
-    and name the map's version."""
+def test_assembled_trajectories_carry_judge_scores_and_a_published_calibration(broker, tmp_path):
+    """scoring + judge workers: scoring waits for the judge on selected trajectories, and after
+    `calibration.updated` arrives its totals use the calibrated judge score and name the map's
+    version."""
     from schemas.topics import TRAJECTORY_SCORED
     from streams.judge.calibration import calibration_event, fit_calibration
     from streams.judge.human import publish
@@ -129,7 +128,7 @@ def test_assembled_trajectories_carry_judge_scores_and_a_published_calibration(b
     ensure_topics(broker.bootstrap)
     with MessagesServer(base_score=0.3) as server:
         reader = TopicReader(broker.bootstrap, TRAJECTORY_SCORED)
-        worker = _worker(broker, tmp_path, server, rules, "worker", roles=roles)
+        worker = _worker(broker, tmp_path, server, rules, "worker", roles="scoring,judge")
         try:
             _produce(broker.bootstrap, trajectory("before", n=2, task="task one"))
 
@@ -143,7 +142,7 @@ def test_assembled_trajectories_carry_judge_scores_and_a_published_calibration(b
                 [0.1, 0.3, 0.6, 0.9], [0.4, 0.7, 0.8, 1.0], domain="coding", rubric="overall"
             )
             publish(broker.bootstrap, [calibration_event(fit)])
-            # the assembler consumes feedback.human independently of agent.events: wait until it has the map
+            # scoring consumes feedback.human independently of agent.events: wait until it has the map
             wait_for(
                 lambda: f"calibration {fit.map.version}" in worker.log_text(), 60, what="the map applied"
             )

@@ -10,8 +10,8 @@ import pytest
 
 from clients.kafka import ensure_topics
 from schemas.topics import REWARD_JUDGE
-from streams.judge.chat_server import ChatServer, Reply
 from tests.support.judge_events import trajectory
+from tests.support.judge_servers.chat import ChatServer, Reply
 from tests.support.judge_worker import TopicReader, judge_worker, produce
 from tests.support.processes import wait_for
 

@@ -20,8 +20,8 @@ import pytest
 
 from clients.current_policy import CurrentPolicyReader, read_current_policy
 from clients.kafka import ensure_topics
-from consumers.trainer.config import TrainerConsumerConfig
-from consumers.trainer.consumer import TrainerConsumer
+from consumers.batching.config import BatchBuilderConfig
+from consumers.batching.consumer import BatchBuilder
 from infra.learn.loop import learn_policy_reader, version_to_evaluate
 from producers.policy.server import VERSION_HEADER
 from producers.policy_follower import PolicyFollower
@@ -38,7 +38,7 @@ from tests.support.processes import wait_for
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from consumers.trainer.tiny import tiny_model_dir
+    from consumers.tiny_model import tiny_model_dir
 
     return tiny_model_dir(tmp_path_factory.mktemp("models"))
 
@@ -60,14 +60,14 @@ def fresh_answers(bootstrap: str, data_dir) -> dict[str, str | None]:
 
 def trainer_answer(bootstrap: str, data_dir) -> str | None:
     """Run the trainer consumer until idle (it reads `policy.updates` from the beginning at start)."""
-    config = TrainerConsumerConfig(
+    config = BatchBuilderConfig(
         bootstrap_servers=bootstrap,
         data_dir=data_dir,
         idle_exit_s=1.0,
         fetch_min_bytes=1,
         fetch_max_wait_ms=50,
     )
-    trainer = TrainerConsumer(config)
+    trainer = BatchBuilder(config)
     assert trainer.run() == 0
     return trainer.planner.current_policy
 

@@ -25,7 +25,7 @@ SMALL = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "ma
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from consumers.trainer.tiny import tiny_model_dir
+    from consumers.tiny_model import tiny_model_dir
 
     return tiny_model_dir(tmp_path_factory.mktemp("models"))
 

@@ -24,7 +24,7 @@ SAMPLING = {"max_tokens": 12, "temperature": 1.0, "seed": 7}
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from consumers.trainer.tiny import tiny_model_dir
+    from consumers.tiny_model import tiny_model_dir
 
     return tiny_model_dir(tmp_path_factory.mktemp("models"))
 

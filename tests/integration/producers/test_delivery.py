@@ -9,8 +9,8 @@ import pytest
 from kafka import KafkaProducer
 
 from producers.delivery import DeliveryConfig, SpoolDelivery
-from producers.recorder import AgentRecorder
-from producers.spool import Cursor, DeliveryIntent, Spool, SpoolRecord
+from producers.sdk.recorder import AgentRecorder
+from producers.sdk.spool import Cursor, DeliveryIntent, Spool, SpoolRecord
 from schemas.topics import AGENT_EVENTS
 from tests.support.broker import start_broker
 from tests.support.processes import Proc, free_port, wait_for

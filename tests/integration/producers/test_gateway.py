@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from producers.errors import ProducerError
-from producers.gateway import (
+from producers.gateway.server import (
     GatewayConfig,
     RequestRejected,
     check_events,
@@ -240,7 +240,7 @@ def test_broker_down_gets_503_naming_the_unacknowledged_events_and_healthz_503()
     """In-process app (aiohttp test server), broker address with nothing listening."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from producers.gateway import create_app
+    from producers.gateway.server import create_app
     from tests.support.processes import free_port
 
     config = GatewayConfig(
@@ -269,7 +269,7 @@ def test_broker_down_gets_503_naming_the_unacknowledged_events_and_healthz_503()
 def test_the_aiokafka_publisher_delivers_too(gateway):
     from aiohttp.test_utils import TestClient, TestServer
 
-    from producers.gateway import create_app
+    from producers.gateway.server import create_app
 
     _, broker = gateway
     config = GatewayConfig(

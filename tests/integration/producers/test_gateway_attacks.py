@@ -19,7 +19,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from producers.gateway import hash_key
+from producers.gateway.server import hash_key
 from schemas.events import EpisodeEnded, EpisodeStarted, StepRecorded, utc_now
 from schemas.limits import MAX_DEAD_LETTER_PAYLOAD_BYTES, MAX_JSON_DEPTH, MAX_STEP_INDEX
 from schemas.topics import AGENT_EVENTS, DLQ
@@ -294,8 +294,8 @@ def test_a_body_that_does_not_arrive_gets_408_and_a_disconnect_is_no_error(gatew
 def test_a_producer_refused_by_the_broker_is_replaced_and_the_next_send_lands(gateway):
     """A record the broker refuses (over max.message.bytes) fails alone; the publisher drops that
     producer, and the next send goes through a fresh one."""
-    from producers.gateway_publishers import KafkaPythonPublisher
-    from producers.gateway_requests import GatewayConfig
+    from producers.gateway.publishers import KafkaPythonPublisher
+    from producers.gateway.requests import GatewayConfig
 
     _, broker, _ = gateway
     config = GatewayConfig(bootstrap_servers=broker.bootstrap, allow_anonymous=True, ack_timeout_s=10)

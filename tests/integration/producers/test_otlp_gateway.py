@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from producers.gateway import hash_key
-from producers.otlp import request_to_json
+from producers.gateway.otlp.mapping import request_to_json
+from producers.gateway.server import hash_key
 from schemas.topics import AGENT_EVENTS, DLQ
 from tests.support.broker import start_broker
 from tests.support.processes import AGENTSTREAM, Proc, free_port, wait_for
@@ -390,7 +390,7 @@ def test_the_openai_instrumentation_calling_the_policy_server_is_an_episode(gate
     import openai
     from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
 
-    from consumers.trainer.tiny import tiny_model_dir
+    from consumers.tiny_model import tiny_model_dir
     from tests.support.policy import policy_server
 
     url, broker = gateway
@@ -402,7 +402,7 @@ def test_the_openai_instrumentation_calling_the_policy_server_is_an_episode(gate
     instrumentor = OpenAIInstrumentor()
     instrumentor.instrument(tracer_provider=provider)
     try:
-        with policy_server(tmp_path / "policy", broker.bootstrap, tiny, "--record", "false") as (policy, _):
+        with policy_server(tmp_path / "policy", broker.bootstrap, tiny, "--no-record") as (policy, _):
             api = openai.OpenAI(base_url=f"{policy}/v1", api_key="none", max_retries=0, timeout=120)
             tracer = provider.get_tracer("agent")
             with tracer.start_as_current_span(

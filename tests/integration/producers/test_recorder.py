@@ -1,5 +1,5 @@
 """AgentRecorder: episode events, failure paths, buffer policy, flush semantics (no broker needed),
-and the SDK/async/env/policy round trips against the embedded broker."""
+and the SDK/async/policy round trips against the embedded broker."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import asyncio
 
 import pytest
 
-from producers.env import RecordedEnv
 from producers.errors import EpisodeStateError, ProducerError, RecorderBufferFull
-from producers.recorder import AgentRecorder, AsyncAgentRecorder, EventBuffer
-from producers.spool import decode_body, scan_frames
+from producers.sdk.recorder import AgentRecorder, AsyncAgentRecorder, EventBuffer
+from producers.sdk.spool import decode_body, scan_frames
 from schemas.ids import derived_event_id
 from schemas.topics import AGENT_EVENTS, POLICY_UPDATES
 from tests.support.processes import free_port
@@ -205,54 +204,6 @@ def test_follow_policy_stamps_new_episodes_with_the_latest_policy(broker, data_d
     assert started["value"]["policy_version"] == "p2"
 
 
-class CountdownEnv:
-    """A toy env: the observation counts down; action 1 reaches 0 (success), action 0 times out."""
-
-    def __init__(self):
-        self.closed = False
-
-    def reset(self, seed=None):
-        self.n, self.t = 3, 0
-        return self.n, {"seed": seed}
-
-    def step(self, action):
-        self.n -= action
-        self.t += 1
-        terminated, truncated = self.n <= 0, self.t >= 4 and self.n > 0
-        return self.n, 1.0 if terminated else 0.0, terminated, truncated, {"is_success": terminated}
-
-    def close(self):
-        self.closed = True
-
-
-@pytest.mark.integration
-def test_env_wrapper_records_each_episode(broker, data_dir):
-    rec = AgentRecorder(broker.bootstrap, data_dir, agent="env-agent")
-    env = RecordedEnv(CountdownEnv(), rec, task_id="countdown", domain="control")
-    env.reset(seed=1)
-    for _ in range(3):
-        env.step(1)
-    env.reset(seed=2)
-    done = False
-    while not done:
-        _, _, terminated, truncated, _ = env.step(0)
-        done = terminated or truncated
-    env.close()
-    assert env.env.closed
-    rec.close()
-    trajectories = list(by_trajectory(read_topic(broker.bootstrap, AGENT_EVENTS, min_records=11)).values())
-    assert len(trajectories) == 2
-    first, second = sorted(trajectories, key=lambda evs: evs[0]["value"]["metadata"]["episode"])
-    assert [e["value"]["type"] for e in first] == ["episode.started", *["step.recorded"] * 3, "episode.ended"]
-    assert first[0]["value"]["metadata"]["initial_observation"] == "3"
-    assert [e["value"]["reward"] for e in first[1:-1]] == [0.0, 0.0, 1.0]
-    assert first[1]["value"]["params"] == {"action": 1} and first[1]["value"]["observation"] == "2"
-    assert first[-1]["value"]["success"] is True and first[-1]["value"]["terminated"] is True
-    assert second[-1]["value"]["success"] is False and second[-1]["value"]["truncated"] is True
-    assert second[-1]["value"]["total_steps"] == 4
-    assert first[0]["value"]["occurred_at"] <= first[-1]["value"]["occurred_at"]
-
-
 def test_oversize_events_are_refused_when_recorded(offline_recorder):
     ep = offline_recorder.episode(task_id="t")
     with pytest.raises(ProducerError, match=r"step.recorded .* exceeds max_event_bytes=1000000"):
@@ -268,8 +219,8 @@ def test_oversize_events_are_refused_when_recorded(offline_recorder):
 
 
 def test_an_event_not_accepted_can_be_retried_with_the_same_index():
-    from producers.episode import EpisodeIdentity, EpisodeLog
-    from producers.recorder import _publish_or_retract
+    from producers.sdk.episode import EpisodeIdentity, EpisodeLog
+    from producers.sdk.recorder import _publish_or_retract
 
     log = EpisodeLog(EpisodeIdentity("traj", "task"), producer="p")
 

@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from clients.kafka import read_to_end
-from producers.gateway import hash_key
-from producers.recorder import AgentRecorder
+from producers.gateway.server import hash_key
+from producers.sdk.recorder import AgentRecorder
 from schemas.events import StepRecorded, utc_now
 from schemas.topics import AGENT_EVENTS, DLQ
 from tests.support.processes import AGENTSTREAM, REPO, Proc, wait_for

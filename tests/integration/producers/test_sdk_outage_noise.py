@@ -11,7 +11,7 @@ import time
 import pytest
 
 from producers.delivery import ClientLogLimiter
-from producers.recorder import AgentRecorder
+from producers.sdk.recorder import AgentRecorder
 from schemas.topics import AGENT_EVENTS
 from tests.support.broker import start_broker
 from tests.support.readback import read_topic

@@ -8,14 +8,14 @@ import pytest
 
 import producers.envs  # noqa: F401  (registers calc)
 from producers.envs.tasks import Task
-from producers.recorder import AgentRecorder
 from producers.rollout.driver import RolloutConfig, run
+from producers.sdk.recorder import AgentRecorder
 from tests.support.policy import policy_server, recorded_steps
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from consumers.trainer.tiny import tiny_model_dir
+    from consumers.tiny_model import tiny_model_dir
 
     return tiny_model_dir(tmp_path_factory.mktemp("models"))
 

@@ -102,7 +102,7 @@ def test_events_land_in_their_tables_and_poison_goes_to_dead_letters(broker, cli
             ],
             raw=[(AGENT_EVENTS, b"bad", b"{not json"), (DLQ, b"bad", b"\xff\xfe not a dead letter")],
         )
-        from producers.recorder import AgentRecorder
+        from producers.sdk.recorder import AgentRecorder
 
         recorder = AgentRecorder(broker.bootstrap, tmp_path / "sdk", agent="sdk-agent", model="sdk-model")
         with recorder.episode(task_id="sdk-task", domain="sdk", trajectory_id="traj-sdk") as episode:

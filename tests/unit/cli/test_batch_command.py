@@ -4,7 +4,7 @@ release after a one-line note on stderr."""
 from __future__ import annotations
 
 from infra.cli import build_parser, main
-from infra.commands import trainer as commands
+from infra.commands import batch_train as commands
 
 
 def test_batch_runs_the_batch_builder_quietly(monkeypatch, capsys):

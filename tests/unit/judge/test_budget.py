@@ -11,13 +11,13 @@ import pytest
 from streams.judge.budget import BudgetBook, SpendBudget, caps, reserve_record, settle_record, windows_at
 from streams.judge.client import JudgeClient
 from streams.judge.config import JudgeConfig
-from streams.judge.messages_server import MessagesServer
 from streams.judge.pricing import JudgePriceError
 from streams.judge.processor import JudgeProcessor
 from streams.judge.rubrics import RubricCatalog
 from streams.judge.selection import JudgeRule, JudgeRules
 from streams.judge.state import BytesKeyed
 from tests.support.judge_events import T0, trajectory
+from tests.support.judge_servers.messages import MessagesServer
 
 AT = datetime(2026, 1, 1, 10, 59, 59, 999999, tzinfo=UTC)
 HOUR_END = datetime(2026, 1, 1, 11, tzinfo=UTC)

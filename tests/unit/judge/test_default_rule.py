@@ -11,11 +11,11 @@ import re
 import pytest
 
 import streams.judge.selection as selection_module
-from streams.judge.chat_server import ChatServer
 from streams.judge.config import JudgeConfig
 from streams.judge.role import build_processor, register
 from streams.judge.selection import DEFAULT_RULE, DEFAULT_RULES, JudgeRules, JudgeRulesError
 from tests.support.judge_events import started, trajectory
+from tests.support.judge_servers.chat import ChatServer
 
 
 def test_no_rules_file_gives_the_default_rule_every_trajectory_as_a_whole():

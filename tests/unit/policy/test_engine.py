@@ -39,7 +39,7 @@ CONVERSATION = [
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    from consumers.trainer.tiny import tiny_model_dir
+    from consumers.tiny_model import tiny_model_dir
 
     return tiny_model_dir(tmp_path_factory.mktemp("policy-tiny"))
 
@@ -61,7 +61,7 @@ def _lora(base, target, hidden_size=None, scale=0.2):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from consumers.trainer.tiny import build_model
+    from consumers.tiny_model import build_model
 
     if hidden_size is None:
         model = AutoModelForCausalLM.from_pretrained(base)

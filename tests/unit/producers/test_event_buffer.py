@@ -1,4 +1,4 @@
-"""The recorder's hand-off buffer batches a trickle (producers/pipeline.py `EventBuffer.take`): the
+"""The recorder's hand-off buffer batches a trickle (producers/sdk/pipeline.py `EventBuffer.take`): the
 spool writer lingers briefly after a first event so one fsync covers several steps, and wakes at
 once when a full batch is there."""
 
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from producers.errors import ProducerError
-from producers.pipeline import EventBuffer, LingerPacing, RecorderConfig
+from producers.sdk.pipeline import EventBuffer, LingerPacing, RecorderConfig
 
 
 def test_without_linger_a_lone_item_is_taken_at_once():

@@ -1,4 +1,5 @@
-"""OTLP spans -> episodes and steps (producers.otlp, producers.otlp_http.decode_request): agent traces
+"""OTLP spans -> episodes and steps (producers.gateway.otlp.mapping,
+producers.gateway.otlp.endpoint.decode_request): agent traces
 written with the real OpenTelemetry SDK in both conventions (GenAI `gen_ai.*`, OpenInference span
 kinds), encoded by the SDK's own OTLP encoder; no broker."""
 
@@ -15,8 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Status, StatusCode
 
 from producers.errors import RequestRejected
-from producers.otlp import StepCursor, map_spans, request_to_json, spans_of
-from producers.otlp_http import decode_request
+from producers.gateway.otlp.endpoint import decode_request
+from producers.gateway.otlp.mapping import StepCursor, map_spans, request_to_json, spans_of
 from schemas.events import EpisodeEnded, EpisodeStarted, StepRecorded
 
 

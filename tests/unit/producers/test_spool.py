@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from producers.errors import SpoolError
-from producers.spool import (
+from producers.sdk.spool import (
     MAGIC,
     Cursor,
     DeliveryIntent,

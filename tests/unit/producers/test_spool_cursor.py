@@ -1,4 +1,4 @@
-"""The spool's delivery cursor (producers/spool_cursor.py): two slots overwritten in turn, one file
+"""The spool's delivery cursor (producers/sdk/spool_cursor.py): two slots overwritten in turn, one file
 for the spool's life, a torn write falls back to the previous cursor, and a `cursor.json` left by an
 earlier version is read once and replaced."""
 
@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from producers.errors import SpoolError
-from producers.spool import Spool, SpoolRecord, has_pending
-from producers.spool_cursor import (
+from producers.sdk.spool import Spool, SpoolRecord, has_pending
+from producers.sdk.spool_cursor import (
     CURSOR_FILE,
     LEGACY_CURSOR_FILE,
     SLOT_BYTES,

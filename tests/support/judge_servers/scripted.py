@@ -1,7 +1,7 @@
 """What the local judge servers share: a scripted stand-in for a model, served on 127.0.0.1.
 
-Not a model: each API's server (streams/judge/messages_server.py for the Messages API,
-streams/judge/chat_server.py for OpenAI-compatible chat completions) writes only its wire format;
+Not a model: each API's server (tests/support/judge_servers/messages.py for the Messages API,
+tests/support/judge_servers/chat.py for OpenAI-compatible chat completions) writes only its wire format;
 this module owns the rest, the same for both:
 
 - `latency_s`: fixed delay before every answer;

@@ -3,16 +3,16 @@
 The real `openai` SDK talks to it over HTTP (`base_url=server.base_url`, i.e. `<url>/v1`;
 `POST /v1/chat/completions`), as it would to vLLM, SGLang or the policy server. The scripted
 behaviour (latency, script, failures, retry-after, the default scoring, token usage) is
-streams/judge/scripted_server.py's, shared with the Messages-API server; this module writes only
+tests/support/judge_servers/scripted.py's, shared with the Messages-API server; this module writes only
 the chat-completions request and answer shapes (`choices[0].message.content`, `finish_reason`,
 `usage.prompt_tokens` / `completion_tokens`, and OpenAI's error body).
 
-Run alone: `python -m streams.judge.chat_server --port 0 --latency 0.5` prints its URL.
+Run alone: `python -m tests.support.judge_servers.chat --port 0 --latency 0.5` prints its URL.
 """
 
 from __future__ import annotations
 
-from streams.judge.scripted_server import Reply, ScriptedServer, main, text_of
+from tests.support.judge_servers.scripted import Reply, ScriptedServer, main, text_of
 
 __all__ = ["ChatServer", "Reply"]
 

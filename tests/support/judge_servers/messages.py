@@ -2,15 +2,15 @@
 
 The real `anthropic` SDK talks to it over HTTP (`base_url=server.url`, `POST /v1/messages`). The
 scripted behaviour (latency, script, failures, the default scoring, token usage) is
-streams/judge/scripted_server.py's, shared with the chat-completions server; this module writes
+tests/support/judge_servers/scripted.py's, shared with the chat-completions server; this module writes
 only the Messages API's request and answer shapes.
 
-Run alone: `python -m streams.judge.messages_server --port 0 --latency 0.5` prints its URL.
+Run alone: `python -m tests.support.judge_servers.messages --port 0 --latency 0.5` prints its URL.
 """
 
 from __future__ import annotations
 
-from streams.judge.scripted_server import (
+from tests.support.judge_servers.scripted import (
     Reply,
     ScriptedServer,
     main,

@@ -1,0 +1,7 @@
+"""Scripted stand-ins for a judge model on 127.0.0.1 that the real SDKs talk to: `messages`
+(Anthropic Messages API), `chat` (OpenAI-compatible chat completions), `scripted` (what both share:
+latency, scripted replies and failures, the prompt-scoring default, request recording).
+
+Test doubles, kept out of the product packages. `agentstream bench judge` also runs `messages` as
+its fixed-latency endpoint (the bench lab runs from a source checkout).
+"""
