@@ -74,8 +74,8 @@ def run_spool_status(args) -> int:
 
 
 def run_spool_flush(args) -> int:
-    from producers.delivery import DeliveryConfig, SpoolDelivery
     from producers.errors import ProducerError
+    from producers.sdk.delivery import DeliveryConfig, SpoolDelivery
     from producers.sdk.spool import Spool, SpoolLocked
     from schemas.settings import Settings
 

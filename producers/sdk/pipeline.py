@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from producers.delivery import DeliveryConfig, SpoolDelivery
 from producers.errors import ProducerError, RecorderBufferFull, RecorderClosed
+from producers.sdk.delivery import DeliveryConfig, SpoolDelivery
 from producers.sdk.spool import Spool, SpoolRecord
 
 log = logging.getLogger(__name__)

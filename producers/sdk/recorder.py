@@ -11,7 +11,7 @@ Pipeline: `ep.step()` validates and encodes the event in the caller's thread and
 bounded in-memory buffer (non-blocking while there is room). A writer thread appends the buffer to
 the local spool (`producers.sdk.spool`, fsynced, one fsync per batch) and a delivery thread sends the
 spool to `agent.events` as record batches through aiokafka (acks=all, idempotence on), moving
-the spool's cursor only after the broker's acknowledgement (`producers.delivery`). Every event goes
+the spool's cursor only after the broker's acknowledgement (`producers.sdk.delivery`). Every event goes
 through the spool (write-ahead), so one path serves both a healthy and an unreachable broker, and
 order per trajectory is the order of `step()` calls.
 
@@ -24,7 +24,7 @@ What "acknowledged" means (the no-loss contract):
   delivers it) and broker outages.
 - `rec.flush()` (until="delivered") returning True = *delivered*: acknowledged by the broker with
   acks=all. Returns False if `timeout` passed first; the events are then still safe in the spool.
-- Replays never duplicate: see `producers.delivery` for the exact guarantee. Event ids are
+- Replays never duplicate: see `producers.sdk.delivery` for the exact guarantee. Event ids are
   deterministic (`derived_event_id(type, trajectory_id[, step_index])`).
 
 Limits: the spool grows without bound while the broker is away (it is local disk, `spool status`
@@ -33,7 +33,7 @@ that cannot be written makes every later `step()` and `flush()` raise `ProducerE
 the batch being written at that moment are reported lost that way, never silently).
 
 Here lives the public API (`AgentRecorder`, `Episode` and their asyncio variants); the buffer and
-the two threads are `producers.sdk.pipeline`, policy following is `producers.policy_follower`.
+the two threads are `producers.sdk.pipeline`, policy following is `producers.sdk.policy_follower`.
 
 Redaction: `publish` passes every event through the process's redactor (`producers.redaction`,
 configured by the settings file: `settings_file`, else `$AGENTSTREAM_SETTINGS_FILE`, else
@@ -55,10 +55,9 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from producers.delivery import DeliveryConfig
 from producers.errors import ProducerError, RecorderBufferFull
-from producers.policy_follower import PolicyFollower
 from producers.redaction_settings import load_redactor
+from producers.sdk.delivery import DeliveryConfig
 from producers.sdk.episode import EpisodeIdentity, EpisodeLog, error_text
 from producers.sdk.pipeline import (
     SDK_VERSION,
@@ -68,6 +67,7 @@ from producers.sdk.pipeline import (
     RecordingPipeline,
     Until,
 )
+from producers.sdk.policy_follower import PolicyFollower
 from producers.sdk.spool import Spool, SpoolRecord
 from schemas.codec import encode, encode_key
 from schemas.events import EventBase

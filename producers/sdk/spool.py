@@ -2,7 +2,7 @@
 
 Every event the SDK records passes through here before it is sent, so an event is safe on disk
 whether or not a broker is reachable. The spool owns files and bytes only; it never talks to Kafka
-(that is `producers.delivery`).
+(that is `producers.sdk.delivery`).
 
 Layout of one spool directory (one writer process at a time, enforced with `flock` on `lock`)::
 
@@ -22,7 +22,7 @@ returned), so it is truncated on open; a bad frame anywhere else is corruption a
 `cursor` holds two checksummed slots overwritten in turn (producers/sdk/spool_cursor.py), so a commit is
 one write and one fdatasync, and a torn one leaves the previous cursor. Its `intent` records, before
 a chunk is sent, which sequence range is in flight and a lower bound of every partition's end
-offset; see `producers.delivery` for how that makes replays duplicate-free.
+offset; see `producers.sdk.delivery` for how that makes replays duplicate-free.
 """
 
 from __future__ import annotations

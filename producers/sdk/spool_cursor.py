@@ -6,7 +6,7 @@ payload = `u64 generation` + the cursor as JSON
 (`{"delivered": N, "intent": {...} | null}`). Commit number g is written over slot `g % 2`, then
 fdatasynced; the other slot still holds commit g - 1. Reading takes the valid slot with the higher
 generation, so a write cut short (a crash, a power loss) leaves the previous cursor, which is what
-delivery expects after a crash before the write returned (see `producers.delivery`).
+delivery expects after a crash before the write returned (see `producers.sdk.delivery`).
 
 Why not a file replaced by rename: every commit (two per delivered chunk) then created an inode and
 deleted one. On ext4 without a journal each new inode is searched for past the recently deleted ones,

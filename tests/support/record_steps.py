@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from producers.delivery import SpoolDelivery
+from producers.sdk.delivery import SpoolDelivery
 from producers.sdk.recorder import AgentRecorder
 
 

@@ -24,9 +24,9 @@ from consumers.batching.config import BatchBuilderConfig
 from consumers.batching.consumer import BatchBuilder
 from infra.learn.loop import learn_policy_reader, version_to_evaluate
 from producers.policy.server import VERSION_HEADER
-from producers.policy_follower import PolicyFollower
 from producers.rollout.backpressure import TopicBacklog
 from producers.rollout.horizon import PolicyProgress
+from producers.sdk.policy_follower import PolicyFollower
 from schemas.codec import encode
 from schemas.events import BatchBuilt, utc_now
 from schemas.policy_versions import current_policy, version_number

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from kafka import KafkaProducer
 
-from producers.delivery import DeliveryConfig, SpoolDelivery
+from producers.sdk.delivery import DeliveryConfig, SpoolDelivery
 from producers.sdk.recorder import AgentRecorder
 from producers.sdk.spool import Cursor, DeliveryIntent, Spool, SpoolRecord
 from schemas.topics import AGENT_EVENTS

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from producers.delivery import ClientLogLimiter
+from producers.sdk.delivery import ClientLogLimiter
 from producers.sdk.recorder import AgentRecorder
 from schemas.topics import AGENT_EVENTS
 from tests.support.broker import start_broker
