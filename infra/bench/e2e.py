@@ -38,7 +38,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--roles",
         default=",".join(DEFAULT_ROLES),
-        help="the stack's stream roles, as `up --roles` (scoring, or rules,assembler)",
+        help="the stack's stream roles, as `up --roles` (scoring)",
     )
     parser.add_argument("--workers", type=int, default=1, help="processes per stream role, as `up --workers`")
     parser.add_argument(

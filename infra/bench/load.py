@@ -1,5 +1,6 @@
-"""Load generation for end-to-end runs: simulated agents (infra.demo.sim) recorded through the real SDK
-at an offered rate of steps per second, from several processes. Used by `bench e2e` and the fault tests.
+"""Load generation for end-to-end runs: scripted agents acting in the product's environments
+(infra/bench/scripted.py), recorded through the env recorder and the real SDK at an offered rate of
+steps per second, from several processes. Used by `bench e2e`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.demo import sim
+from infra.bench import scripted
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,7 @@ def drive(spec: LoadSpec) -> dict:
 
 
 def _drive_one(job: tuple[LoadSpec, int]) -> dict:
-    from infra.demo.run import record_rollout
-    from producers.recorder import AgentRecorder
+    from producers.sdk.recorder import AgentRecorder
 
     spec, worker = job
     rate = spec.steps_per_s / spec.processes
@@ -54,22 +54,23 @@ def _drive_one(job: tuple[LoadSpec, int]) -> dict:
             model=p.model,
             policy_version="v0",
         )
-        for p in sim.POLICIES
+        for p in scripted.POLICIES
     }
     steps = episodes = 0
     trajectory_ids = []
     start, start_cpu = time.monotonic(), time.process_time()
     round_ = 0
     while time.monotonic() - start < spec.duration_s:
-        for task in sim.tasks(3):
-            for policy in sim.POLICIES:
+        for task in scripted.tasks(3):
+            for policy in scripted.POLICIES:
                 group_id = f"{spec.label}-{worker}-{round_}-{task.task_id}-{policy.model}"
                 for r in range(spec.group_size):
-                    rollout = sim.play(task, policy, r + round_, group_id)
                     tid = f"{group_id}-{r}"
-                    record_rollout(recorders[policy.model], rollout, tid, f"{spec.label}-", "\n" + padding)
+                    played = scripted.play(
+                        recorders[policy.model], task, policy, r + round_, group_id, tid, padding
+                    )
                     trajectory_ids.append(tid)
-                    steps += len(rollout.steps)
+                    steps += played.steps
                     episodes += 1
                     _pace(start, steps, rate)
         round_ += 1

@@ -7,8 +7,8 @@ from infra.terminal import output
 from streams.config import DEFAULT_ROLES
 
 ROLES_HELP = (
-    "stream roles, one process each: scoring (the rules and the assembler in one consumer, reading "
-    "agent.events once), or rules,assembler (two consumer groups, as before 2026-11-26)"
+    "stream roles, one process each: scoring (rule rewards and trajectory assembly in one consumer, "
+    "reading agent.events once; the judge: --judge)"
 )
 
 

@@ -1,23 +1,24 @@
-"""`agentstream demo`: simulated agents run against a freshly started embedded stack; then the
-leaderboard, reward by step, the DLQ count and the training batches built are printed.
+"""`agentstream demo`: the product's own loop on a freshly started embedded stack. The stack runs
+the broker, the stream processors, the sink into chDB, the trainer and the policy server (a tiny
+model built from a config); `agentstream rollout` runs built-in tasks of `producers/envs` against
+it (infra/demo/rollouts.py). Then the leaderboard, reward by step, the DLQ count and the training
+batches built are printed.
 
-This is the I/O shell around infra.demo.sim (which decides what the agents do) and infra.stack
-(which runs the components). Everything goes through the real broker, workers, sink and trainer.
+This is the I/O shell around infra.stack (which runs the components) and the rollout command.
 """
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from pathlib import Path
 
-from infra.cli import output
-from infra.demo import sim
+from infra.terminal import output
 
 
 def demo_command(args) -> int:
-    from infra.stack import StackSupervisor, embedded_config
+    from infra.demo.rollouts import demo_tasks, plan_runs, run_rollouts, write_tasks
+    from infra.stack import StackSupervisor, embedded_config, free_port
     from schemas.settings import Settings
 
     started = time.monotonic()
@@ -26,87 +27,34 @@ def demo_command(args) -> int:
     if data_dir.exists() and not args.keep:
         shutil.rmtree(data_dir)
     # The demo's GRPO groups are `group_size` rollouts of one task; the trainer flushes every 2 s.
-    # Its simulated agents record no token ids: GRPO rows are re-tokenised messages (--retokenize).
-    trainer_args = ("--group-size", str(args.group_size), "--flush-interval-s", "2", "--retokenize")
-    config = embedded_config(data_dir, trainer_args=trainer_args)
+    # The policy server records token ids with every step, so GRPO rows are token-faithful.
+    trainer_args = ("--group-size", str(args.group_size), "--flush-interval-s", "2")
+    config = embedded_config(data_dir, trainer_args=trainer_args, policy=True, policy_port=free_port())
     supervisor = StackSupervisor(config, on_event=lambda message: output.say(f"[demo] {message}"))
     output.say(f"[demo] starting the embedded stack in {data_dir} (broker on {config.bootstrap_servers})")
     supervisor.start()
     try:
-        rollouts = plan(args.episodes, args.group_size)
-        run_agents(rollouts, config.bootstrap_servers, data_dir)
-        wait_for_pipeline(config, len(rollouts), supervisor)
+        tasks = demo_tasks(args.episodes, args.group_size)
+        policy_url = f"http://127.0.0.1:{config.policy_port}/v1"
+        runs = plan_runs(
+            tasks,
+            write_tasks(tasks, data_dir / "tasks.jsonl"),
+            args.group_size,
+            policy_url,
+            config.bootstrap_servers,
+            data_dir,
+        )
+        episodes, failed = run_rollouts(runs, data_dir / "logs")
+        wait_for_pipeline(config, episodes, supervisor)
         print_results(config, data_dir)
     finally:
         output.say("[demo] stopping the stack")
         supervisor.stop()
     output.say(f"[demo] done in {time.monotonic() - started:.0f}s; data kept in {data_dir}")
     output.say(f"[demo] browse it in the web console: agentstream console --data-dir {data_dir}")
-    return 0
-
-
-def plan(episodes: int, group_size: int) -> list[sim.Rollout]:
-    """Tasks x policies x group rollouts, about `episodes` in total."""
-    per_task = len(sim.POLICIES) * group_size
-    out = []
-    for task in sim.tasks(max(1, math.ceil(episodes / per_task))):
-        for policy in sim.POLICIES:
-            group_id = f"{task.task_id}/{policy.model}"
-            out.extend(sim.play(task, policy, r, group_id) for r in range(group_size))
-    return out[: max(episodes, per_task)]
-
-
-def run_agents(rollouts: list[sim.Rollout], bootstrap: str, data_dir: Path) -> None:
-    from tqdm import tqdm
-
-    from producers.recorder import AgentRecorder
-
-    recorders = {
-        p.model: AgentRecorder(
-            bootstrap_servers=bootstrap, data_dir=data_dir, agent=p.agent, model=p.model, policy_version="v0"
-        )
-        for p in sim.POLICIES
-    }
-    try:
-        for rollout in tqdm(rollouts, desc="agents", unit="episode"):
-            _record(recorders[rollout.policy.model], rollout)
-    finally:
-        for recorder in recorders.values():
-            recorder.close()
-
-
-def _record(recorder, rollout: sim.Rollout) -> None:
-    record_rollout(recorder, rollout)
-
-
-def record_rollout(
-    recorder, rollout: sim.Rollout, trajectory_id: str | None = None, task_prefix: str = "", padding: str = ""
-) -> None:
-    """Record one simulated rollout through the SDK (`padding` is appended to every observation)."""
-    task = rollout.task
-    with recorder.episode(
-        task_id=task_prefix + task.task_id,
-        task=task.instruction,
-        domain=task.domain,
-        group_id=rollout.group_id,
-        trajectory_id=trajectory_id,
-        reference_steps=task.reference_steps,
-    ) as episode:
-        for step in rollout.steps:
-            episode.step(
-                thought=step.thought,
-                tool=step.tool,
-                params=step.params,
-                observation=step.observation + padding,
-                exit_code=step.exit_code,
-                error=step.error,
-            )
-        episode.end(
-            success=rollout.success,
-            score=rollout.score,
-            tests_passed=rollout.tests_passed,
-            tests_failed=rollout.tests_failed,
-        )
+    if failed:
+        output.warn(f"[demo] the rollout of {', '.join(failed)} failed: see {data_dir / 'logs'}")
+    return 1 if failed else 0
 
 
 def wait_for_pipeline(config, expected: int, supervisor, timeout_s: float = 90.0) -> None:
@@ -164,8 +112,8 @@ def _count_trajectories(config) -> int:
 
 
 def print_results(config, data_dir: Path) -> None:
-    from infra.bench.report import format_table
     from infra.clickhouse.analytics import leaderboard_rows
+    from infra.terminal.tables import format_table
 
     output.say("\n== Leaderboard (by model) ==")
     output.say(format_table(leaderboard_rows(config.query, by="model")))
@@ -184,7 +132,7 @@ def print_batches(root: Path) -> None:
     """Training batches per kind, from the manifests the trainer wrote."""
     import json
 
-    from infra.bench.report import format_table
+    from infra.terminal.tables import format_table
 
     kinds: dict[str, dict] = {}
     for manifest in sorted(root.glob("*/*.manifest.json")) if root.exists() else []:

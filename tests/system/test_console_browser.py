@@ -1,6 +1,6 @@
 """The web console in a real headless Chromium (Debian's, through Playwright), against a real
 embedded stack (`agentstream up`'s supervisor: broker, workers, sink, trainer, console) filled by the
-demo's simulated agents through the SDK.
+scripted agents acting in the product's envs through the SDK (infra/bench/scripted.py).
 
 What a user does and sees: filters chosen in the form end up in a shareable URL and every row shown
 matches them; a trajectory opened from the list shows the same per-step scores as
@@ -25,8 +25,9 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 
+from infra.bench.scripted import plan, run_agents
 from infra.clickhouse.sql import Sql
-from infra.demo.run import plan, run_agents, wait_for_pipeline
+from infra.demo.run import wait_for_pipeline
 from infra.stack import StackConfig, StackSupervisor, embedded_config
 from schemas.topics import AGENT_EVENTS
 from tests.support.browser import chromium
@@ -122,12 +123,12 @@ def console(tmp_path_factory) -> Iterator[Console]:
         wait_for_pipeline(config, len(rollouts), supervisor)
         poller.start()
         stack = Console(config, supervisor, f"http://127.0.0.1:{config.console_port}/", "", "")
-        assert stack.trajectories() == len(rollouts), "the demo's episodes did not all reach ClickHouse"
+        assert stack.trajectories() == len(rollouts), "the scripted episodes did not all reach ClickHouse"
         stack.domain, failures = config.query(
             "SELECT domain, count() AS n FROM agentstream.trajectories FINAL WHERE success = 0 "
             "GROUP BY domain ORDER BY n DESC, domain LIMIT 1"
         )[0]
-        assert failures > PAGE_SIZE, "the demo data gives the failed-episode list a single page"
+        assert failures > PAGE_SIZE, "the scripted data gives the failed-episode list a single page"
         stack.annotated = _failed_in(stack, stack.domain)[0]
         _annotate(stack, stack.annotated)
         yield stack
