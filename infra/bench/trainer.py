@@ -84,15 +84,15 @@ def _grouped(trajectories, size=4):
 
 
 def builder_rows(args, tokenizer) -> list[dict]:
-    from consumers.trainer.builders import (
+    from consumers.batching.builders import (
         DPOPairBuilder,
         GRPOGroupBuilder,
         GRPOGroupConfig,
         SFTBuilder,
         StepPairBuilder,
     )
-    from consumers.trainer.planner import Planner, PlannerConfig
-    from consumers.trainer.tokenize import SFTTokenizedBuilder
+    from consumers.batching.planner import Planner, PlannerConfig
+    from consumers.batching.tokenize import SFTTokenizedBuilder
     from schemas.records import Record
 
     ts = synthetic(args.trajectories)
@@ -126,7 +126,7 @@ def builder_rows(args, tokenizer) -> list[dict]:
 
 
 def _training_rows(args):
-    from consumers.trainer.builders import (
+    from consumers.batching.builders import (
         DPOPairConfig,
         GRPOGroupBuilder,
         GRPOGroupConfig,
@@ -144,8 +144,8 @@ def _training_rows(args):
 
 
 def training_rows(args, data_dir: Path) -> tuple[list[dict], dict]:
-    from consumers.trainer.executor import TrainConfig, TrainingExecutor
-    from consumers.trainer.tiny import build_model, train_tokenizer
+    from consumers.tiny_model import build_model, train_tokenizer
+    from consumers.training.executor import TrainConfig, TrainingExecutor
 
     tokenizer = train_tokenizer()
     model_dir = data_dir / "models" / "tiny"
@@ -298,7 +298,7 @@ def _trl_rate(trainer) -> float:
 def run(args) -> dict:
     from transformers.utils import logging as hf_logging
 
-    from consumers.trainer.tiny import train_tokenizer
+    from consumers.tiny_model import train_tokenizer
 
     hf_logging.disable_progress_bar()
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:

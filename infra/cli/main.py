@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from infra.commands import (
+    batch_train,
     bench,
     broker,
     clickhouse,
@@ -34,7 +35,6 @@ from infra.commands import (
     sink,
     stack,
     topics,
-    trainer,
     worker,
 )
 from infra.options.env import apply_env_defaults
@@ -56,7 +56,7 @@ COMMAND_MODULES = (
     worker,
     judge,
     sink,
-    trainer,
+    batch_train,
     policy,
     evaluate,
     console,

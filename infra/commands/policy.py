@@ -26,7 +26,7 @@ def register(sub) -> None:
 def base_model_dir(base_model: str, data_dir: Path) -> Path:
     """`tiny` -> the tiny model built under `data_dir` (once); anything else is a local directory."""
     if base_model == "tiny":
-        from consumers.trainer.tiny import tiny_model_dir
+        from consumers.tiny_model import tiny_model_dir
 
         return tiny_model_dir(data_dir)
     return Path(base_model)

@@ -16,7 +16,7 @@ REWARD_DEFINITION = (
     "The reward of a trajectory is its `total_reward` from `trajectory.scored` (the assembler's "
     "combination of the outcome, process and efficiency layers, each from rules, the LLM judge and "
     "human labels where present), else its `outcome_score`, else success as 1 / 0 "
-    "(`consumers.trainer.builders.common.reward_of`); a trajectory without any is not exported."
+    "(`consumers.batching.builders.common.reward_of`); a trajectory without any is not exported."
 )
 
 KIND_NOTES = {

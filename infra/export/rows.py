@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from consumers.trainer.builders import (
+from consumers.batching.builders import (
     DPOPairBuilder,
     DPOPairConfig,
     GroupConfig,
@@ -27,8 +27,8 @@ from consumers.trainer.builders import (
     StepPairBuilder,
     reward_of,
 )
-from consumers.trainer.builders.dedup import Deduplicator
-from consumers.trainer.planner import split_by_definition
+from consumers.batching.builders.dedup import Deduplicator
+from consumers.batching.planner import split_by_definition
 from infra.export.config import ExportConfig
 from schemas.events import TrajectoryScored
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from consumers.trainer.batch_writer import BatchManifest, load_manifest, read_rows
+from consumers.batching.batch_writer import BatchManifest, load_manifest, read_rows
 from infra.clickhouse.sql import Sql, run, run_dicts
 from infra.export.errors import ExportError
 from schemas.events import ScoredStep, TrajectoryScored

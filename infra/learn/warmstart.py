@@ -38,7 +38,7 @@ def build_warm_model(
     """Train the tokenizer, build the model, run the SFT, save to `out`; returns `out`."""
     import torch
 
-    from consumers.trainer.tiny import build_model, train_tokenizer
+    from consumers.tiny_model import build_model, train_tokenizer
 
     torch.manual_seed(config.seed)
     base_tokenizer = train_tokenizer([], vocab_size=512)

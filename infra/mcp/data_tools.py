@@ -60,7 +60,7 @@ def trajectory(config: McpConfig, trajectory_id: str, detail: bool = False) -> d
     """`agentstream trajectory ID`'s episode and per-step scores, or with `detail` everything the
     console's trajectory page shows (step text, judge verdicts, annotations)."""
     from clients.clickhouse import ClickHouseError
-    from infra.clickhouse.browse import trajectory_detail, trajectory_scores
+    from infra.clickhouse.browse.trajectory_detail import trajectory_detail, trajectory_scores
 
     with clickhouse(config) as client:
         if detail:
@@ -125,10 +125,10 @@ def build_preferences(
     max_pairs: int = 8,
     limit: int = 500,
 ) -> dict[str, Any]:
-    """DPO pairs (consumers/trainer/builders/dpo.py) per task among `trajectories` (JSON), or,
+    """DPO pairs (consumers/batching/builders/dpo.py) per task among `trajectories` (JSON), or,
     without them, among the scored trajectories in ClickHouse (of `task_id`, at most `limit`)."""
+    from consumers.batching.builders.dpo import DPOPairBuilder, DPOPairConfig, StepPairBuilder
     from consumers.errors import ConsumerConfigError
-    from consumers.trainer.builders.dpo import DPOPairBuilder, DPOPairConfig, StepPairBuilder
     from infra.export.rows import one_definition
 
     try:

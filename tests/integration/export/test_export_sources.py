@@ -12,8 +12,8 @@ import shutil
 import pytest
 import yaml
 
-from consumers.trainer.batch_writer import BatchStore
-from consumers.trainer.builders import DPOPairBuilder, SFTBuilder
+from consumers.batching.batch_writer import BatchStore
+from consumers.batching.builders import DPOPairBuilder, SFTBuilder
 from infra.export.config import ExportConfig
 from infra.export.rows import build_rows, row_trajectory_ids
 from infra.export.splits import split_of

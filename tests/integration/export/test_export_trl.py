@@ -32,7 +32,7 @@ def exported(filled_chdb, agentstream_export, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from consumers.trainer.tiny import build_model, train_tokenizer
+    from consumers.tiny_model import build_model, train_tokenizer
 
     tokenizer = train_tokenizer()
     return tokenizer, build_model(tokenizer)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from consumers.trainer.batch_writer import BatchStore
-from consumers.trainer.builders.sft import SFTBuilder
+from consumers.batching.batch_writer import BatchStore
+from consumers.batching.builders.sft import SFTBuilder
 from infra.export import ExportError, export_dataset
 from infra.mcp import data_tools, env_tools
 from infra.mcp.config import McpConfig

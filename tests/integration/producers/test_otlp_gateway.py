@@ -309,7 +309,7 @@ def test_malformed_payloads_get_400_with_a_reason_and_land_in_no_topic(gateway):
     counts = (count_records(broker.bootstrap, AGENT_EVENTS), count_records(broker.bootstrap, DLQ))
     for body, content_type, headers, reason in [
         (b"\x0a\xff\xff", "application/x-protobuf", {}, "not an OTLP protobuf ExportTraceServiceRequest"),
-        (b'{"resourceSpans": [', "application/json", {}, "malformed JSON at line 1"),
+        (b'{"resourceSpans": [', "application/json", {}, "not valid JSON (unexpected end of data: line 1"),
         (
             b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"zz"}]}]}]}',
             "application/json",

@@ -9,8 +9,8 @@ import json
 import pytest
 import yaml
 
-from consumers.trainer.batch_writer import BatchStore
-from consumers.trainer.builders import (
+from consumers.batching.batch_writer import BatchStore
+from consumers.batching.builders import (
     GRPOGroupBuilder,
     GRPOGroupConfig,
     SFTBuilder,

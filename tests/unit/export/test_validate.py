@@ -8,8 +8,8 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from consumers.trainer.batch_writer import BatchStore
-from consumers.trainer.builders import DPOPairBuilder, SFTBuilder, SFTBuilderConfig
+from consumers.batching.batch_writer import BatchStore
+from consumers.batching.builders import DPOPairBuilder, SFTBuilder, SFTBuilderConfig
 from infra.export import ExportError, export_dataset, validate_dataset
 from infra.export.checks import check
 from tests.support.trainer_data import golden_group, synthetic

@@ -1,0 +1,184 @@
+"""`agentstream batch`: the kafka-python shell around the planner (I/O only).
+
+Loop: poll `trajectory.scored` -> planner lanes -> for each due batch: write it atomically with its
+manifest, publish `batch.built` (acks=all, waited for), mark it published -> commit, per partition,
+the lowest offset still pending in any lane. Bad input goes to the DLQ before its offset is committed.
+
+On start: `BatchStore.recover()` (drop unfinished files, learn what is batched), re-publish
+manifests whose event may be missing (same deterministic event id), then resume from the committed
+offsets; replay rebuilds pending groups and skips trajectories already in a manifest. Partitions are
+assigned manually (no group rebalancing): the batch builder is one process, because a GRPO group spans
+partitions. `policy.updates` is always read from the beginning, every event folded into the current
+policy by `schemas.policy_versions` (version order, not arrival order; the same answer as
+`clients.current_policy`), for its version and training step (staleness and horizon schedules).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+from clients.kafka import ensure_topics, make_consumer, make_producer
+from clients.kafka.consume import ConsumeLoop, LoopConfig, Refused, assign_from_committed
+from consumers.batching.batch_writer import BatchStore, Recovered
+from consumers.batching.config import BatchBuilderConfig
+from consumers.batching.planner import PlannedBatch, Planner
+from consumers.errors import TrainerError
+from schemas import topics
+from schemas.codec import decode, encode
+from schemas.errors import DecodeError
+from schemas.events import BatchBuilt, PolicyUpdated, TrajectoryScored
+from schemas.records import Record
+
+log = logging.getLogger(__name__)
+
+STAGE = "trainer"  # client id and DLQ stage: the old name, kept so dead letters stay comparable
+
+
+def run_batch_builder(config: BatchBuilderConfig) -> int:
+    """`agentstream batch`: load the tokenizer the kinds need, then consume until SIGTERM."""
+    tokenizer = load_tokenizer(config.tokenizer, config.data_dir)
+    return BatchBuilder(config, tokenizer).run()
+
+
+def load_tokenizer(spec: str | None, data_dir: Path):
+    """A tokenizer from a local directory, or the tiny one built under `data_dir` (`'tiny'`)."""
+    if not spec:
+        return None
+    from transformers import AutoTokenizer
+
+    from consumers.tiny_model import tiny_model_dir
+
+    path = tiny_model_dir(data_dir) if spec == "tiny" else Path(spec)
+    if not path.exists():
+        raise TrainerError(f"--tokenizer: {spec!r} is not a local directory (or 'tiny')")
+    return AutoTokenizer.from_pretrained(path)
+
+
+def known_state(recovered: Recovered) -> tuple[dict[str, set[str]], dict[str, dict[str, str]]]:
+    """Per kind: batched trajectory ids, and content hash -> trajectory id (for dedup)."""
+    hashes: dict[str, dict[str, str]] = {}
+    for m in recovered.manifests:
+        hashes.setdefault(m.kind, {}).update(zip(m.content_hashes, m.trajectory_ids, strict=False))
+    return recovered.trajectory_ids, hashes
+
+
+class BatchBuilder:
+    """The batch builder process: the `clients.kafka.consume` loop's handler around the planner."""
+
+    def __init__(self, options: BatchBuilderConfig, tokenizer: Any = None):
+        self.options, self.config = options, options.planner
+        self.store = BatchStore(options.data_dir)
+        recovered = self.store.recover()
+        ids, hashes = known_state(recovered)
+        self.planner = Planner(options.planner, ids, hashes, tokenizer)
+        self._unpublished = recovered.unpublished
+        self._stop = False
+
+    def _clients(self):
+        self.producer = make_producer(self.options.bootstrap_servers, STAGE)
+        # A fetch waits for a few trajectories rather than answering each one: a Kafka client pays
+        # far more per fetch than per record (docs/benchmarks.md, "e2e: where the CPU goes").
+        self.consumer = make_consumer(
+            self.options.bootstrap_servers,
+            STAGE,
+            self.options.group_id,
+            fetch_min_bytes=self.options.fetch_min_bytes,
+            fetch_max_wait_ms=self.options.fetch_max_wait_ms,
+        )
+
+    def publish(self, event, topic: str) -> None:
+        key = event.trajectory_id.encode()
+        self.producer.send(topic, key=key, value=encode(event)).get(timeout=30)
+
+    def republish(self) -> None:
+        for manifest in self._unpublished:
+            log.info("recovery: re-publishing batch.built for %s", manifest.batch_id)
+            self.publish(manifest.event(), topics.TRAINING_BATCHES)
+            self.store.mark_published(manifest)
+        self._unpublished = []
+
+    def run(self) -> int:
+        from kafka.errors import KafkaError
+
+        signal.signal(signal.SIGTERM, self._on_term)
+        ensure_topics(self.options.bootstrap_servers)
+        self._clients()
+        try:
+            self.republish()
+            watched = [topics.TRAJECTORY_SCORED, topics.POLICY_UPDATES]
+            loop = ConsumeLoop(self.consumer, self.producer, self, self._loop_config())
+            loop.committed.update(
+                assign_from_committed(self.consumer, watched, rewind=(topics.POLICY_UPDATES,))
+            )
+            loop.run(lambda: self._stop)
+        except KafkaError as exc:
+            log.error("trainer: kafka error, exiting so a supervisor restarts us: %s", exc)
+            return 1
+        finally:
+            self._close()
+        return 0
+
+    def _loop_config(self) -> LoopConfig:
+        o = self.options
+        return LoopConfig(STAGE, "cannot be planned", o.poll_timeout_ms, o.max_records, o.idle_exit_s)
+
+    def _on_term(self, *_: object) -> None:
+        self._stop = True
+
+    # --- the loop's handler ---------------------------------------------------------------------
+
+    def handle(self, record: Record, now: float) -> None:
+        """Decode one record: a policy update moves the planner's version, a scored trajectory is
+        offered to the planner; anything else is refused (a dead letter)."""
+        try:
+            event = decode(record.value)
+        except DecodeError:
+            raise
+        except Exception as exc:  # a parser's own limit (e.g. RecursionError): the record's fault
+            raise Refused(f"not decodable: {exc!r}", type(exc).__name__) from None
+        if record.topic == topics.POLICY_UPDATES:
+            if isinstance(event, PolicyUpdated):
+                self.planner.policy_updated(event)
+            return
+        if not isinstance(event, TrajectoryScored):
+            raise Refused(
+                f"type: expected trajectory.scored on {record.topic}, got {event.type!r}", "WrongEventType"
+            )
+        self.planner.offer(event, Record(record.topic, record.partition, record.offset), now)
+
+    def write(self, now: float, force: bool) -> bool:
+        return bool(self.flush(now, force))
+
+    def commit_positions(self, consumed: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """The lowest offset still pending in any lane; `policy.updates` is re-read from the start
+        each run and never committed."""
+        return self.planner.commit_positions(
+            {tp: o for tp, o in consumed.items() if tp[0] != topics.POLICY_UPDATES}
+        )
+
+    def flush(self, now: float, force: bool = False) -> list[BatchBuilt]:
+        """Write, publish and mark every due batch; returns the events published."""
+        published = []
+        while batches := self.planner.due(now, force):
+            for batch in batches:
+                published.append(self._commit_batch(batch))
+        return published
+
+    def _commit_batch(self, batch: PlannedBatch) -> BatchBuilt:
+        manifest = self.store.write(batch.kind, batch.rows, batch.meta(), fmt=self.options.format)
+        event = manifest.event()
+        self.publish(event, topics.TRAINING_BATCHES)
+        self.store.mark_published(manifest)
+        self.planner.committed(batch)
+        return event
+
+    def _close(self) -> None:
+        for client in (getattr(self, "consumer", None), getattr(self, "producer", None)):
+            if client is not None:
+                try:
+                    client.close()
+                except Exception:  # closing after a broker failure must not hide the original error
+                    log.debug("trainer: error while closing a client", exc_info=True)

@@ -1,0 +1,78 @@
+"""`agentstream batch` and `agentstream train` (argument plumbing only).
+
+- `batch`: the batch-building consumer of `trajectory.scored`; its options are generated from
+  `consumers.batching.config.BatchBuilderConfig` (planner, SFT / DPO / GRPO builders, groups).
+- `train`: the training executor, on one batch file or following `training.batches`; options from
+  `consumers.training.config.TrainRunConfig` (with the executor's `TrainConfig`).
+
+`trainer` is the old name of `batch`, kept for one release: it runs `batch` after a one-line note on
+stderr. Adding an option to either is adding a documented field to its config. The work happens in
+`consumers.batching.consumer.run_batch_builder` and `consumers.training.follow` (torch imported there).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from consumers.batching.config import BatchBuilderConfig
+from consumers.errors import ConsumerConfigError
+from consumers.training.config import TrainRunConfig
+from infra.options.configs import add_config_options, config_from_args
+from infra.options.env import command_parser
+from infra.terminal import output
+from schemas.settings import Settings
+
+BATCH_HELP = "build SFT / DPO / GRPO batches from trajectory.scored"
+RENAMED = (
+    "agentstream: `trainer` is now `batch` (it builds batches; `train` trains); "
+    "the old name goes in the next release"
+)
+
+
+def register(sub) -> None:
+    """Add `batch` (and its old name `trainer`) and `train` to the `agentstream` parser."""
+    batch = command_parser(sub, "batch", run_batch, BATCH_HELP)
+    add_config_options(batch, BatchBuilderConfig)
+    old_name = command_parser(sub, "trainer", run_renamed_trainer, "old name of `batch` (deprecated)")
+    add_config_options(old_name, BatchBuilderConfig)
+    train = command_parser(
+        sub, "train", run_train, "train on batches (LoRA): one file, or follow training.batches"
+    )
+    add_config_options(train, TrainRunConfig)
+
+
+def _config(cls, args: argparse.Namespace):
+    settings = Settings.from_args(args)
+    try:
+        return config_from_args(
+            cls, args, bootstrap_servers=settings.bootstrap_servers, data_dir=settings.data_dir
+        )
+    except argparse.ArgumentTypeError as exc:  # a comma-separated list that does not parse
+        raise ConsumerConfigError(str(exc)) from None
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    from consumers.batching.consumer import run_batch_builder
+
+    return run_batch_builder(_config(BatchBuilderConfig, args))
+
+
+def run_renamed_trainer(args: argparse.Namespace) -> int:
+    output.warn(RENAMED)
+    return run_batch(args)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from consumers.training.follow import follow, train_file
+
+    run = _config(TrainRunConfig, args)
+    if run.follow:
+        return follow(run)
+    event = train_file(run)
+    if event is None:
+        output.say(f"{run.batch}: every GRPO group was over --max-staleness versions old; no new version")
+        return 0
+    loss = event.metrics["loss"]
+    output.say(f"{event.policy_version}: {event.method} on {event.batch_ids[0]}, loss {loss:.4f}")
+    output.say(f"checkpoint: {event.checkpoint_path}")
+    return 0
