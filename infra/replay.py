@@ -7,22 +7,22 @@ It stops once the groups have committed every source partition up to the end off
 replay started (records published later are the live roles' business), printing progress and lag.
 
 Why the results can be compared: a derived event's id is a function of its input and its version
-(the rules: `derived_event_id("reward.rule.step", source_event_id, reward_version)`; the judge: the
-target, its source event, prompt version, model, mode and rubrics; the assembler: the trajectory,
+(a rule reward: `derived_event_id("reward.rule.step", source_event_id, reward_version)`; the judge:
+the target, its source event, prompt version, model, mode and rubrics; a trajectory: its id,
 revision and content, which holds `reward_version` = `assembly-1+<rule version>`), so a replay under
 the same version re-publishes events with the same ids, which every store drops by `event_id`, and a
 replay under a new version adds events with new ids beside the old ones.
 
-Roles (`SOURCES`): `rules`, `judge` (its reply cache and budget are the live judge's: unchanged
-inputs cost nothing), `assembler` (it takes only rule rewards of its version, so it never mixes
-versions, and the live assembler never takes a replay's), `trainer` (`agentstream trainer` under the
-replay's group, taking only trajectories of the version; a batch's id is its kind and trajectory
-ids, so a batch cut the same way is the same batch). They run in phases (`PHASES`): the producers
-of rewards first, then the assembler, then the trainer; a phase's derived sources (`UPSTREAM`:
-reward.rule, reward.judge, trajectory.scored) are measured again once the roles writing them are
-done, so it reads everything the replay made. A role's own internal topics (`INTERNAL`: the judge's
-group-mode forwards) are measured once its sources are caught up. `NOT_YET` names roles that cannot
-be replayed (none now).
+Roles (`SOURCES`): `judge` (its reply cache and budget are the live judge's: unchanged inputs cost
+nothing), `scoring` (rule rewards under the replay's version and the trajectories assembled from
+them; it joins the rule rewards it makes itself and never reads `reward.rule`, so replays and the
+live stack never take each other's), `trainer` (`agentstream batch` under the replay's group, taking
+only trajectories of the version; a batch's id is its kind and trajectory ids, so a batch cut the
+same way is the same batch). They run in phases (`PHASES`): the judge first, then scoring, then the
+trainer; a phase's derived sources (`UPSTREAM`: reward.judge, trajectory.scored) are measured again
+once the roles writing them are done, so it reads everything the replay made. A role's own internal
+topics (`INTERNAL`: the judge's group-mode forwards) are measured once its sources are caught up.
+`MERGED` names roles of earlier releases and what replaces them.
 
 This module owns the plan (offsets, group names), the lag and the wait; the workers themselves are
 `agentstream worker` / `agentstream trainer` in child processes (infra.supervisor, run by
@@ -42,24 +42,27 @@ from schemas import topics
 
 log = logging.getLogger(__name__)
 
+CLIENT_ID = "agentstream-replay"
+
 # The topics each role consumes (the faust agents' sources), whose progress measures a replay.
 SOURCES: dict[str, tuple[str, ...]] = {
-    "rules": (topics.AGENT_EVENTS,),
     "judge": (topics.AGENT_EVENTS,),
-    "assembler": (topics.AGENT_EVENTS, topics.REWARD_RULE, topics.REWARD_JUDGE, topics.FEEDBACK_HUMAN),
+    "scoring": (topics.AGENT_EVENTS, topics.REWARD_JUDGE, topics.FEEDBACK_HUMAN),
     "trainer": (topics.TRAJECTORY_SCORED,),
 }
 # Sources that replayed roles write to while the replay runs: source -> the role writing it.
 UPSTREAM: dict[str, dict[str, str]] = {
-    "assembler": {topics.REWARD_RULE: "rules", topics.REWARD_JUDGE: "judge"},
-    "trainer": {topics.TRAJECTORY_SCORED: "assembler"},
+    "scoring": {topics.REWARD_JUDGE: "judge"},
+    "trainer": {topics.TRAJECTORY_SCORED: "scoring"},
 }
 # A role's own topics, `<its app id>-<suffix>` (streams/shell.py `internal_topic`), that it reads too.
 INTERNAL: dict[str, tuple[str, ...]] = {"judge": ("judge-groups",)}
 # Roles of a phase run together; a phase starts when the one before it is caught up.
-PHASES: tuple[tuple[str, ...], ...] = (("rules", "judge"), ("assembler",), ("trainer",))
-NOT_YET: dict[str, str] = {
-    "scoring": "a replay runs the rules and the assembler as two phases: --roles rules,assembler",
+PHASES: tuple[tuple[str, ...], ...] = (("judge",), ("scoring",), ("trainer",))
+# Roles of earlier releases: the rule rewards and the assembler are one role now.
+MERGED: dict[str, str] = {
+    "rules": "scoring",
+    "assembler": "scoring",
 }
 
 
@@ -110,8 +113,8 @@ class ReplayPlan:
 def phases(roles: tuple[str, ...]) -> list[tuple[str, ...]]:
     """The replay's roles in the order they run (`PHASES`), empty phases left out.
 
-    >>> phases(("assembler", "rules")), phases(("judge",))
-    ([('rules',), ('assembler',)], [('judge',)])
+    >>> phases(("trainer", "scoring", "judge")), phases(("scoring",))
+    ([('judge',), ('scoring',), ('trainer',)], [('scoring',)])
     """
     ordered = [tuple(r for r in phase if r in roles) for phase in PHASES]
     return [phase for phase in ordered if phase]
@@ -120,9 +123,9 @@ def phases(roles: tuple[str, ...]) -> list[tuple[str, ...]]:
 def upstream_topics(plan: ReplayPlan, role: str, done: tuple[str, ...]) -> tuple[str, ...]:
     """`role`'s sources written by replayed roles in `done`: their ends are read again before it runs.
 
-    >>> plan = ReplayPlan(("rules", "assembler"), "v", "p")
-    >>> upstream_topics(plan, "assembler", ("rules",)), upstream_topics(plan, "assembler", ())
-    (('reward.rule',), ())
+    >>> plan = ReplayPlan(("judge", "scoring"), "v", "p")
+    >>> upstream_topics(plan, "scoring", ("judge",)), upstream_topics(plan, "scoring", ())
+    (('reward.judge',), ())
     """
     return tuple(topic for topic, writer in UPSTREAM.get(role, {}).items() if writer in done)
 
@@ -130,12 +133,15 @@ def upstream_topics(plan: ReplayPlan, role: str, done: tuple[str, ...]) -> tuple
 def check_roles(roles: tuple[str, ...]) -> tuple[str, ...]:
     """The roles, checked: known and replayable now.
 
-    >>> check_roles(("rules", "assembler"))
-    ('rules', 'assembler')
+    >>> check_roles(("scoring", "trainer"))
+    ('scoring', 'trainer')
     """
     for role in roles:
-        if role in NOT_YET:
-            raise ReplayError(f"--roles: replaying {role!r} is not supported yet: {NOT_YET[role]}")
+        if role in MERGED:
+            raise ReplayError(
+                f"--roles: {role!r} is no longer a role: the rule rewards and the assembler run as "
+                f"one role, --roles {MERGED[role]} (replayable: {', '.join(SOURCES)})"
+            )
         if role not in SOURCES:
             raise ReplayError(f"--roles: unknown role {role!r} (replayable: {', '.join(SOURCES)})")
     if not roles:
@@ -174,15 +180,14 @@ def make_plan(
     bootstrap: str, roles: tuple[str, ...], reward_version: str, since: datetime | None = None
 ) -> ReplayPlan:
     """Read the source partitions' end offsets (and, with `since`, the first offset at or after it)."""
-    from kafka import KafkaConsumer
-
-    from clients.kafka import ensure_topics
+    from clients.kafka import ensure_topics, make_consumer
+    from clients.kafka.ranges import topic_partitions
 
     roles = check_roles(roles)
     ensure_topics(bootstrap)  # a source no one wrote yet (reward.judge without a judge) is empty, not absent
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="agentstream-replay")
+    consumer = make_consumer(bootstrap, CLIENT_ID)
     try:
-        partitions = _partitions(consumer, sorted({t for role in roles for t in SOURCES[role]}))
+        partitions = topic_partitions(consumer, sorted({t for role in roles for t in SOURCES[role]}))
         if not partitions:
             raise ReplayError(f"no source partitions on {bootstrap} (topics {SOURCES[roles[0]]})")
         ends = {(tp.topic, tp.partition): n for tp, n in consumer.end_offsets(partitions).items()}
@@ -197,21 +202,16 @@ def make_plan(
     return ReplayPlan(roles, reward_version, app_prefix(reward_version), starts, ends)
 
 
-def _partitions(consumer, names: list[str]) -> list:
-    from kafka import TopicPartition
-
-    return [TopicPartition(t, p) for t in names for p in sorted(consumer.partitions_for_topic(t) or ())]
-
-
 def read_ends(bootstrap: str, names: tuple[str, ...]) -> dict[tuple[str, int], int]:
     """The end offsets of the topics' partitions now (a topic that does not exist has none)."""
-    from kafka import KafkaConsumer
+    from clients.kafka import make_consumer
+    from clients.kafka.ranges import topic_partitions
 
     if not names:
         return {}
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="agentstream-replay")
+    consumer = make_consumer(bootstrap, CLIENT_ID)
     try:
-        partitions = _partitions(consumer, sorted(names))
+        partitions = topic_partitions(consumer, sorted(names))
         found = consumer.end_offsets(partitions) if partitions else {}
         return {(tp.topic, tp.partition): n for tp, n in found.items()}
     finally:
@@ -221,8 +221,10 @@ def read_ends(bootstrap: str, names: tuple[str, ...]) -> dict[tuple[str, int], i
 def commit_starts(bootstrap: str, plan: ReplayPlan) -> None:
     """Commit each role's start offsets for its new group, so its worker begins there (a new group
     with nothing committed would start at the beginning)."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
+
+    from clients.kafka import make_consumer
 
     for role in plan.roles:
         offsets = {
@@ -230,9 +232,7 @@ def commit_starts(bootstrap: str, plan: ReplayPlan) -> None:
             for (t, p) in plan.ends
             if t in SOURCES[role]
         }
-        consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=plan.group(role), enable_auto_commit=False
-        )
+        consumer = make_consumer(bootstrap, CLIENT_ID, plan.group(role))
         try:
             consumer.commit(offsets)
         finally:
@@ -242,8 +242,8 @@ def commit_starts(bootstrap: str, plan: ReplayPlan) -> None:
 def remaining(committed: dict[tuple[str, int], int], plan: ReplayPlan, role: str) -> int:
     """Records of `role`'s topics still to read: end minus the committed (or start) offset.
 
-    >>> plan = ReplayPlan(("rules",), "v", "p", {("agent.events", 0): 2}, {("agent.events", 0): 10})
-    >>> remaining({}, plan, "rules"), remaining({("agent.events", 0): 7}, plan, "rules")
+    >>> plan = ReplayPlan(("scoring",), "v", "p", {("agent.events", 0): 2}, {("agent.events", 0): 10})
+    >>> remaining({}, plan, "scoring"), remaining({("agent.events", 0): 7}, plan, "scoring")
     (8, 3)
     """
     mine = plan.topics(role)
@@ -283,7 +283,7 @@ def follow(
     good) or passing `deadline` (time.monotonic()) raise `ReplayError`."""
     from kafka import KafkaAdminClient
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="agentstream-replay")
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID)
     started = time.monotonic()
     unmeasured = {role for role in roles if INTERNAL.get(role)}  # internal topics not measured yet
     try:
@@ -309,12 +309,12 @@ def follow(
 
 
 def linger(seconds: float, alive: Callable[[], bool], deadline: float | None = None) -> None:
-    """Keep the workers running `seconds` more (the assembler's grace period: what is still
+    """Keep the workers running `seconds` more (scoring's grace period: what is still
     incomplete is emitted then); a worker that exits or passing `deadline` raise `ReplayError`."""
     until = time.monotonic() + seconds
     while time.monotonic() < until:
         if not alive():
             raise ReplayError("a replay worker exited during the grace period (see its log above)")
         if deadline is not None and time.monotonic() > deadline:
-            raise ReplayError("the timeout passed during the assembler's grace period")
+            raise ReplayError("the timeout passed during scoring's grace period")
         time.sleep(min(0.5, max(0.0, until - time.monotonic())))

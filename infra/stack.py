@@ -65,17 +65,17 @@ class StackConfig:
 
 
 def stack_roles(value: str) -> tuple[str, ...]:
-    """`--roles` of `agentstream up`: stream roles other than the judge (`--judge` adds it).
+    """`--roles` of `agentstream up`: the stream roles other than the judge (`--judge` adds it),
+    which is `scoring` alone (rule rewards and trajectory assembly in one consumer).
 
-    >>> stack_roles("scoring"), stack_roles("rules, assembler")
-    (('scoring',), ('rules', 'assembler'))
+    >>> stack_roles(" scoring ")
+    ('scoring',)
     """
     roles = tuple(r.strip() for r in value.split(",") if r.strip())
-    known = ("scoring", "rules", "assembler")
-    if not roles or any(r not in known for r in roles) or len(set(roles)) < len(roles):
-        raise InfraError(f"--roles: {value!r}: name each of {', '.join(known)} at most once (judge: --judge)")
-    if "scoring" in roles and len(roles) > 1:
-        raise InfraError(f"--roles: {value!r}: scoring already does what rules and assembler do")
+    if roles != ("scoring",):
+        merged = [r for r in roles if r in ("rules", "assembler")]
+        why = f" ({merged[0]!r} is part of scoring now)" if merged else ""
+        raise InfraError(f"--roles: {value!r}: the stack's stream role is scoring{why} (judge: --judge)")
     return roles
 
 

@@ -2,15 +2,15 @@
 
 Each role is one faust app whose id is `agentstream-<role>`, so its consumer group, its tables
 (`agentstream-<role>-state-changelog`) and its log lines all carry the processor's stable name.
-`agentstream worker --roles rules,assembler,judge` runs one such app per role (streams/worker.py).
+`agentstream worker --roles scoring,judge` runs one such app per role (streams/worker.py).
 
 Settings are read once, by the CLI, into a `WorkerConfig` that is passed down; nothing here reads the
 environment. faust is imported inside `create_app` so `agentstream --help` stays fast.
 
 Roles (`ROLE_REGISTRARS`, one folder each with the same files: `processor.py`, the pure batch logic,
 and `role.py`, whose `register(app, config)` wires it on the one batch shell, streams/shell.py):
-- `rules`: streams/rules/; `assembler`: streams/assembler/;
-- `scoring` (the default): streams/scoring/, the two above in one app, reading agent.events once;
+- `scoring` (the default): streams/scoring/, rule rewards (the pure logic in streams/rules/) and
+  trajectory assembly (streams/assembler/) in one app, reading agent.events once;
 - `judge`: streams/judge/ (it reads its own `AGENTSTREAM_JUDGE_*` settings).
 """
 
@@ -19,20 +19,16 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from streams.assembler import role as assembler_role
-from streams.config import ROLES, WorkerConfig, WorkerConfigError
+from streams.config import ROLES, WorkerConfig, check_roles
 from streams.faust_compat import import_faust
 from streams.judge import role as judge_role
-from streams.rules import role as rules_role
 from streams.scoring import role as scoring_role
 
 log = logging.getLogger(__name__)
 
 ROLE_REGISTRARS = {
-    "rules": rules_role.register,
-    "assembler": assembler_role.register,
-    "judge": judge_role.register,
     "scoring": scoring_role.register,
+    "judge": judge_role.register,
 }
 assert set(ROLE_REGISTRARS) == set(ROLES)
 
@@ -47,8 +43,7 @@ def create_app(config: WorkerConfig, role: str):
     """A faust app running the processor `role` (its agents, tables and timers registered)."""
     faust = import_faust()
 
-    if role not in ROLE_REGISTRARS:
-        raise WorkerConfigError(f"role {role!r} is not one of {sorted(ROLE_REGISTRARS)}")
+    check_roles((role,))
     app_id = config.app_id(role)
     datadir = Path(config.data_dir) / "faust" / app_id
     datadir.mkdir(parents=True, exist_ok=True)

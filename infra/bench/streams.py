@@ -1,21 +1,18 @@
-"""`agentstream bench streams`: rule-reward and assembly throughput per worker, publish-to-reward
-latency at a sustained offered load, and a plain one-event-at-a-time faust agent for comparison.
+"""`agentstream bench streams`: scoring throughput per worker (rule rewards and trajectory
+assembly in one role), publish-to-reward latency at a sustained offered load, and a plain
+one-event-at-a-time faust agent for comparison.
 
 Runs everything for real: `agentstream broker` (subprocess, fresh data directory), `agentstream
-worker --roles rules` / `--roles assembler` (subprocesses), kafka-python producers and consumers.
+worker --roles scoring` (subprocess), kafka-python producers and consumers.
 
-- rules steps/s: `--trajectories` x `--steps` steps (trajectories interleaved, each in order) are
+- scoring steps/s: `--trajectories` x `--steps` steps (trajectories interleaved, each in order) are
   published while the worker is stopped; the worker is started and the rate is timed from the
-  worker's "first batch" log line (start-up and table recovery excluded) to its last reward.
-  Repeated `--repeats` times (at most 3) with fresh trajectories; median.
-- assembly steps/s: the same for `--roles assembler` over those trajectories (input: started,
-  steps, ended and the rule rewards, about 2.2 events per step), timed to its last
-  trajectory.scored; steps/s = trajectories/s x steps per trajectory.
-- scoring steps/s: the same for `--roles scoring` (the rules and the assembler in one role, the
-  stack's default) over the agent events alone, timed to its last trajectory.scored.
-- latency: with the rules worker caught up, steps are published at `--rate` steps/s for
-  `--duration` s; latency = the reward record's timestamp (set when the worker produced it) minus
-  the step record's timestamp (set when the producer sent it); p50 / p99.
+  worker's "first batch" log line (start-up and table recovery excluded) to its last
+  trajectory.scored; steps/s = trajectories/s x steps per trajectory. Repeated `--repeats` times
+  (at most 3) with fresh trajectories; median.
+- latency: with the scoring worker caught up, steps are published at `--rate` steps/s for
+  `--duration` s; latency = the rule reward record's timestamp (set when the worker produced it)
+  minus the step record's timestamp (set when the producer sent it); p50 / p99.
 - baseline: the same rule logic in a plain faust agent (`async for event in stream`, state in a
   plain dict, one `await topic.send` per reward), run as
   `python -m infra.bench.streams baseline BOOTSTRAP DATA_DIR`, over the same published steps.
@@ -36,6 +33,8 @@ from pathlib import Path
 from infra.runtime import agentstream_argv, python_module_argv
 
 log = logging.getLogger(__name__)
+
+CLIENT_ID = "bench-streams"  # the bench's own reads (counting outputs, latencies)
 
 BASELINE_TOPIC = "bench.baseline.rewards"
 BASELINE_APP = "agentstream-bench-baseline"
@@ -62,30 +61,26 @@ def run(args) -> dict:
         scratch = Path(scratch)
         with BrokerProcess(scratch / "broker", args.broker_flush) as bootstrap:
             ensure_topics(bootstrap)
-            rules_rates, assembly_rates, scoring_rates = [], [], []
+            scoring_rates = []
             for r in range(repeats):
-                n = _publish_batch(bootstrap, f"r{r}", args.trajectories, args.steps)
-                rules_rates.append(_measure_worker(bootstrap, scratch, "rules", "reward.rule", n))
-                n_traj = args.trajectories
-                traj_rate = _measure_worker(bootstrap, scratch, "assembler", "trajectory.scored", n_traj)
-                assembly_rates.append(traj_rate * args.steps)
-                traj_rate = _measure_worker(bootstrap, scratch, "scoring", "trajectory.scored", n_traj)
+                _publish_batch(bootstrap, f"r{r}", args.trajectories, args.steps)
+                traj_rate = _measure_worker(
+                    bootstrap, scratch, "scoring", "trajectory.scored", args.trajectories
+                )
                 scoring_rates.append(traj_rate * args.steps)
-            raw["rules_steps_per_s"] = rules_rates
-            raw["assembly_steps_per_s"] = assembly_rates
             raw["scoring_steps_per_s"] = scoring_rates
             latencies = _latency(bootstrap, scratch, args.rate, args.duration, args.steps)
             raw["latency_ms_count"] = len(latencies)
-            rows.append(_row("rules (batched, take_events)", median(rules_rates), latencies, percentile))
-            rows.append({"processor": "assembler (batched)", "steps_per_s": median(assembly_rates)})
-            rows.append(
-                {"processor": "scoring (rules + assembly, one role)", "steps_per_s": median(scoring_rates)}
-            )
+            name = "scoring (rules + assembly, batched)"
+            rows.append(_row(name, median(scoring_rates), latencies, percentile))
             if not args.skip_baseline:
                 base = _measure_baseline(bootstrap, scratch, args.trajectories, args.steps)
                 raw["baseline_steps_per_s"] = base
-                rows.append({"processor": "plain faust agent, per event (baseline)", "steps_per_s": base})
-                notes.append(f"batched rules / baseline = {median(rules_rates) / base:.1f}x")
+                rows.append(
+                    {"processor": "plain faust agent, per event, rules only (baseline)", "steps_per_s": base}
+                )
+                ratio = median(scoring_rates) / base
+                notes.append(f"batched scoring (rules + assembly) / baseline (rules only) = {ratio:.1f}x")
     notes.append(
         f"{args.trajectories} trajectories x {args.steps} steps per run, {repeats} repeats (median); "
         f"latency at {args.rate:.0f} steps/s offered for {args.duration:.0f}s; "
@@ -194,9 +189,9 @@ def _stop(proc: subprocess.Popen) -> None:
 def _rate_of(bootstrap: str, topic: str, expected: int, timeout_s: float = 300.0, ready=None) -> float:
     """Outputs/s on `topic` until `expected` more have appeared, timed from `ready()` turning true
     (the worker starts its first batch), else from the first new output."""
-    from kafka import KafkaConsumer
+    from clients.kafka import make_consumer
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    consumer = make_consumer(bootstrap, CLIENT_ID)
     try:
         base = _count(consumer, topic)
         deadline = time.monotonic() + timeout_s
@@ -240,10 +235,12 @@ def _wait_committed(bootstrap: str, group: str, timeout_s: float = 60.0) -> None
     """Until `group` has committed the end of every partition it consumes. A worker stopped before
     that replays its uncommitted tail in the next run (same ids, but more records), and counting
     records would then end that run's measurement before its new input was processed."""
-    from kafka import KafkaAdminClient, KafkaConsumer
+    from kafka import KafkaAdminClient
+
+    from clients.kafka import make_consumer
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    consumer = make_consumer(bootstrap, CLIENT_ID)
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -261,16 +258,15 @@ def _wait_committed(bootstrap: str, group: str, timeout_s: float = 60.0) -> None
 
 
 def _latency(bootstrap: str, scratch: Path, rate: float, duration: float, steps: int) -> list[float]:
-    """Publish at `rate` steps/s with a caught-up rules worker; ms from step send to reward send."""
-    from kafka import KafkaConsumer
-
+    """Publish at `rate` steps/s with a caught-up scoring worker; ms from step send to rule reward send."""
+    from clients.kafka import make_consumer
     from schemas.codec import encode, encode_key
 
-    proc = _worker(bootstrap, scratch, "rules")
+    proc = _worker(bootstrap, scratch, "scoring")
     try:
         _publish_batch(bootstrap, "warm", 20, steps)
         _rate_of(bootstrap, "reward.rule", 20 * steps)  # the worker is up and caught up
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+        consumer = make_consumer(bootstrap, CLIENT_ID)
         base = _count(consumer, "reward.rule")
         rng = random.Random("latency")
         n_traj = max(1, int(rate * duration / steps))
@@ -300,9 +296,11 @@ def _latency(bootstrap: str, scratch: Path, rate: float, duration: float, steps:
 
 
 def _read_all(bootstrap: str, topic: str):
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
+    from clients.kafka import make_consumer
+
+    consumer = make_consumer(bootstrap, CLIENT_ID, consumer_timeout_ms=3000)
     parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
     consumer.assign(parts)
     consumer.seek_to_beginning(*parts)

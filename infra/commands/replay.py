@@ -24,9 +24,9 @@ def register(sub) -> None:
     )
     parser.add_argument(
         "--roles",
-        default="rules",
-        help="comma-separated roles to replay: rules, judge, assembler (rules and judge run first, "
-        "then the assembler)",
+        default="scoring",
+        help="comma-separated roles to replay: judge, scoring (rule rewards and trajectories), trainer "
+        "(the judge runs first, then scoring, then the trainer)",
     )
     parser.add_argument(
         "--reward-version",
@@ -53,25 +53,25 @@ def _add_worker_options(parser) -> None:
     parser.add_argument(
         "--profiles",
         default=None,
-        help="rules, assembler: a reward-profiles file for the new version (YAML/JSON)",
+        help="scoring: a reward-profiles file for the new version (YAML/JSON)",
     )
     parser.add_argument(
         "--judge-rules",
         default=None,
-        help="judge, assembler: the judge rules file the live stack uses (AGENTSTREAM_JUDGE_RULES_PATH "
+        help="judge, scoring: the judge rules file the live stack uses (AGENTSTREAM_JUDGE_RULES_PATH "
         "otherwise)",
     )
     parser.add_argument(
         "--expect-judge",
         action="store_true",
-        help="assembler: wait for the judge's results as the live assembler does beside a judge (implied "
+        help="scoring: wait for the judge's results as the live scoring does beside a judge (implied "
         "by --roles ...,judge)",
     )
     parser.add_argument(
         "--grace-seconds",
         type=float,
         default=30.0,
-        help="assembler: its grace period in the replay; after catching up the replay waits this long "
+        help="scoring: its grace period in the replay; after catching up the replay waits this long "
         "so incomplete trajectories are emitted (all input is already in the log)",
     )
     parser.add_argument(
@@ -139,7 +139,7 @@ def run_replay(args) -> int:
 
 
 def _run_phase(args, plan, phase: tuple[str, ...], done: tuple[str, ...], env: dict, deadline):
-    """Run the phase's roles until caught up (the assembler: plus its grace period), then stop them.
+    """Run the phase's roles until caught up (scoring: plus its grace period), then stop them.
     Sources that the roles already done wrote to are measured again first."""
     from infra import replay
     from infra.supervisor import Component, Supervisor
@@ -156,7 +156,7 @@ def _run_phase(args, plan, phase: tuple[str, ...], done: tuple[str, ...], env: d
             return plan
         alive = lambda: not supervisor.poll()  # noqa: E731
         plan = replay.follow(bootstrap, plan, phase, alive, _printer(), deadline=deadline)
-        if "assembler" in phase:
+        if "scoring" in phase:
             replay.linger(args.grace_seconds + 2.0, alive, deadline)  # + two ticks of its grace timer
     finally:
         supervisor.stop()
@@ -192,11 +192,11 @@ def _worker_args(args, plan, role: str) -> tuple[str, ...]:
         "--reward-version",
         plan.reward_version,
     ]
-    if role in ("rules", "assembler") and args.profiles:
+    if role == "scoring" and args.profiles:
         argv += ["--profiles", args.profiles]
-    if role in ("judge", "assembler") and args.judge_rules:
+    if role in ("judge", "scoring") and args.judge_rules:
         argv += ["--judge-rules", args.judge_rules]
-    if role == "assembler":
+    if role == "scoring":
         argv += ["--grace-seconds", str(args.grace_seconds)]
         if args.expect_judge or "judge" in plan.roles:
             argv.append("--expect-judge")

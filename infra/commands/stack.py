@@ -10,6 +10,14 @@ ROLES_HELP = (
     "stream roles, one process each: scoring (rule rewards and trajectory assembly in one consumer, "
     "reading agent.events once; the judge: --judge)"
 )
+# The stack's optional components, each a switch `--<name>` / `--no-<name>`: name -> what it runs.
+OFF_BY_DEFAULT = {
+    "judge": "the LLM judge worker",
+    "gateway": "the HTTP gateway",
+    "policy": "the policy server (OpenAI-compatible)",
+    "train": "the training executor: `train --follow --kinds grpo` on training.batches",
+}
+ON_BY_DEFAULT = {"console": "the web console", "trainer": "the batch builder (`agentstream batch`)"}
 
 
 def register(sub) -> None:
@@ -54,34 +62,18 @@ def _register_up(sub) -> None:
         help="worker slots: one process per stream role (--roles) each",
     )
     add_option(up, "--roles", default=",".join(DEFAULT_ROLES), help=ROLES_HELP)
-    add_option(up, "--judge", action="store_true", default=False, help="also run the LLM judge worker")
-    add_option(up, "--gateway", action="store_true", default=False, help="also run the HTTP gateway")
+    for name, what in OFF_BY_DEFAULT.items():
+        add_option(up, f"--{name}", action="store_true", default=False, help=f"also run {what}")
+    for name, what in ON_BY_DEFAULT.items():
+        add_option(up, f"--{name}", action="store_true", default=True, help=f"run {what}")
     add_option(up, "--gateway-port", type=int, default=8080, help="gateway port")
-    add_option(
-        up,
-        "--policy",
-        action="store_true",
-        default=False,
-        help="also run the policy server (OpenAI-compatible)",
-    )
     add_option(up, "--policy-port", type=int, default=8000, help="policy server port")
-    add_option(
-        up,
-        "--train",
-        action="store_true",
-        default=False,
-        help="also run the training executor: `train --follow --kinds grpo` on training.batches",
-    )
+    add_option(up, "--console-port", type=int, default=8090, help="web console port (127.0.0.1)")
     add_option(
         up,
         "--train-args",
         default="",
         help='more `agentstream train` options for --train, one string (e.g. "--base-model DIR --lora-r 16")',
-    )
-    add_option(up, "--console", action="store_true", default=True, help="run the web console")
-    add_option(up, "--console-port", type=int, default=8090, help="web console port (127.0.0.1)")
-    add_option(
-        up, "--trainer", action="store_true", default=True, help="run the batch builder (`agentstream batch`)"
     )
     add_option(
         up,

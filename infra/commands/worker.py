@@ -1,4 +1,5 @@
-"""`agentstream worker`: run stream processors (rule rewards, trajectory assembler, judge).
+"""`agentstream worker`: run stream processors (`scoring`: rule rewards and trajectory assembly;
+`judge`: the LLM judge).
 
 Its options are generated from `streams.config.WorkerConfig`: adding a worker option is adding a
 documented field there. One role runs in this process; several run as one child process per role
@@ -25,7 +26,7 @@ def register(sub) -> None:
         sub,
         "worker",
         run_worker,
-        "run stream processors (faust): rule rewards, trajectory assembly, LLM judge",
+        "run stream processors (faust): scoring (rule rewards + trajectory assembly), LLM judge",
     )
     add_config_options(parser, WorkerConfig)
 

@@ -1,16 +1,18 @@
-"""The assembler role's batch logic: agent events, rule and judge rewards and human feedback in,
-`trajectory.scored` out (see streams/assembler/assembly.py for the per-trajectory state machine).
-No faust, no I/O; the grace-period timer calls `expire`.
+"""Trajectory assembly's batch logic, the second half of the `scoring` role (streams/scoring/):
+agent events, rule and judge rewards and human feedback in, `trajectory.scored` out (see
+streams/assembler/assembly.py for the per-trajectory state machine). No faust, no I/O; the
+grace-period timer calls `expire`.
 
-The role's stable name `assembler` is its faust app id / consumer group, its table, its log lines
-and its dead letters' `stage`. Calibration maps (`calibration.updated` on feedback.human) are kept in
-the same table under `calibration:<domain>:<rubric>` keys, so a restarted worker keeps applying them.
+In `scoring` its state is the `state` table; `name` is its log lines' prefix and the stage of dead
+letters when it runs alone (pure callers). Calibration maps (`calibration.updated` on
+feedback.human) are kept in the same table under `calibration:<domain>:<rubric>` keys, so a
+restarted worker keeps applying them.
 
 One assembler assembles under one rule version (`rule_version`, the worker's `--reward-version`):
 `reward.rule.step` events of other versions are dropped before they reach a trajectory (not a
-conflict, not a change), so a replay publishing rewards under a new version beside the live stack
-(`agentstream replay`) never alters the live trajectories, and the replay's own assembler takes
-only the new ones. `None` (pure callers) takes the first rule reward of a step, whatever its version.
+conflict, not a change): `scoring` joins only the rewards its rules half stamps, and a reward of
+another version handed to it (a pure caller) never alters a trajectory. `None` (pure callers)
+takes the first rule reward of a step, whatever its version.
 """
 
 from __future__ import annotations

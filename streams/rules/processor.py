@@ -1,8 +1,9 @@
-"""The rule-reward role's batch logic: agent.events records in, `reward.rule.step` events and state
-updates out (see streams/rules/stream.py for the per-trajectory state machine). No faust, no I/O.
+"""Rule rewards' batch logic, the first half of the `scoring` role (streams/scoring/): agent.events
+records in, `reward.rule.step` events and state updates out (see streams/rules/stream.py for the
+per-trajectory state machine). No faust, no I/O.
 
-The role's stable name `rules` is its faust app id / consumer group (`agentstream-rules`), its
-table (`agentstream-rules-state-changelog`), its log lines and its dead letters' `stage`.
+In `scoring` its state is the `rules` table (`agentstream-scoring-rules-changelog`); `name` is the
+stage of dead letters when it runs alone (pure callers).
 
 State lives in a faust table with a changelog (not rebuilt by replaying the input topics) because a
 restart then costs a read of one compacted-size record per open trajectory instead of re-reading

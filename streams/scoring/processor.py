@@ -1,13 +1,14 @@
 """The scoring role's batch logic: rule rewards and trajectory assembly in one pass over each batch.
 No faust, no I/O.
 
-The `rules` and `assembler` roles, fused: agent events, judge rewards and human feedback in;
-`reward.rule.step` and `trajectory.scored` out. Each record is decoded once; the rule rewards a batch
-produces are published as the `rules` role would publish them (same ids, same bytes) and joined into
-their trajectories in the same batch, so `reward.rule` is written but never read back. Per batch
-that saves a second consumer group fetching `agent.events`, the broker serving it, and decoding every
-step and every rule reward a second time; and a trajectory is complete as soon as its last step
-arrives, not one more hop later.
+The rule rewards (streams/rules/) and the assembly (streams/assembler/) in one role, the only
+topology (the separate `rules` and `assembler` roles of earlier releases are gone): agent events,
+judge rewards and human feedback in; `reward.rule.step` and `trajectory.scored` out. Each record is
+decoded once; the rule rewards a batch produces are published (same ids, same bytes as the rules
+alone would make) and joined into their trajectories in the same batch, so `reward.rule` is written
+but never read back. Against two consumer groups that saves fetching `agent.events` twice and
+decoding every step and every rule reward a second time; and a trajectory is complete as soon as its
+last step arrives, not one more hop later.
 
 The role's stable name `scoring` is its faust app id / consumer group (`agentstream-scoring`), its
 dead letters' `stage` and its log lines. Its two tables are the assembler's (`state`, changelog

@@ -1,12 +1,12 @@
-"""Which trajectories the assembler waits for judge results on: the rules file's, else the judge's
+"""Which trajectories scoring waits for judge results on: the rules file's, else the judge's
 default rule when the judge runs beside it (`expect_judge`: set by `up --judge` and by
 `worker --roles ...,judge`), else none."""
 
 from __future__ import annotations
 
 from schemas.events import EpisodeStarted, utc_now
-from streams.assembler.role import judge_mode_function
 from streams.config import WorkerConfig
+from streams.scoring.role import judge_mode_function
 
 
 def _started() -> EpisodeStarted:
@@ -16,11 +16,11 @@ def _started() -> EpisodeStarted:
 
 
 def test_without_rules_or_a_judge_beside_it_nothing_is_waited_for():
-    assert judge_mode_function(WorkerConfig(roles=("assembler",)))(_started()) is None
+    assert judge_mode_function(WorkerConfig(roles=("scoring",)))(_started()) is None
 
 
 def test_with_a_judge_beside_it_the_default_rule_makes_every_trajectory_wait_for_its_score():
-    config = WorkerConfig(roles=("assembler",), expect_judge=True)
+    config = WorkerConfig(roles=("scoring",), expect_judge=True)
     assert judge_mode_function(config)(_started()) == "trajectory"
 
 
@@ -28,5 +28,5 @@ def test_a_rules_file_decides_whether_or_not_a_judge_is_beside_it(tmp_path):
     rules = tmp_path / "rules.yaml"
     rules.write_text("rules:\n  - {name: other, domains: [math], mode: step}\n")
     for expect in (False, True):
-        config = WorkerConfig(roles=("assembler",), judge_rules_path=rules, expect_judge=expect)
+        config = WorkerConfig(roles=("scoring",), judge_rules_path=rules, expect_judge=expect)
         assert judge_mode_function(config)(_started()) is None  # coding is not selected

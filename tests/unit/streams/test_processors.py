@@ -100,7 +100,7 @@ def test_assembler_waits_for_a_budget_paused_judge_then_gives_it_up_on_the_timer
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"roles": ("rules", "nope")}, "--roles"),
+        ({"roles": ("scoring", "nope")}, "--roles"),
         ({"grace_seconds": 0}, "--grace-seconds"),
         ({"batch_max": 0}, "--batch"),
     ],

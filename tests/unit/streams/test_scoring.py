@@ -1,5 +1,6 @@
 """The scoring role's batch logic (rules and assembly fused): the same rule rewards and scored
-trajectories as the two roles in sequence, each record decoded once, idempotent replays."""
+trajectories as the rules and the assembly run one after the other, each record decoded once,
+idempotent replays."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def scoring(clock=lambda: 1000.0) -> Scoring:
 
 
 def split(batch):
-    """The `rules` role, then the `assembler` role over the batch and the rules' output records."""
+    """The rules, then the assembly over the batch and the rules' output records (pure, no roles)."""
     rules = RuleRewarder(ProfileRegistry(), VERSION).process(batch, {}.get)
     assembler = TrajectoryAssembler(ProfileRegistry(), grace_s=30, clock=lambda: 1000.0, rule_version=VERSION)
     assembled = assembler.process(batch + records(rules.outputs, topics.REWARD_RULE), {}.get)
