@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from clients.kafka.ranges import topic_partitions
 from schemas.topics import DLQ, TOPICS
 
 
@@ -27,12 +28,14 @@ class StackStatus:
 
 
 def collect(bootstrap_servers: str, sample_s: float = 1.0) -> StackStatus:
-    from kafka import KafkaAdminClient, KafkaConsumer
+    from kafka import KafkaAdminClient
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, client_id="agentstream-status")
+    from clients.kafka import make_consumer
+
+    consumer = make_consumer(bootstrap_servers, "agentstream-status")
     admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="agentstream-status")
     try:
-        partitions = _partitions(consumer)
+        partitions = topic_partitions(consumer, TOPICS)
         first = consumer.end_offsets(partitions)
         time.sleep(sample_s)
         second = consumer.end_offsets(partitions)
@@ -66,7 +69,7 @@ class StatusSampler:
 
     def _sample(self) -> StackStatus:
         consumer, admin = self._connected()
-        partitions = _partitions(consumer)
+        partitions = topic_partitions(consumer, TOPICS)
         ends = consumer.end_offsets(partitions)
         starts = consumer.beginning_offsets(partitions)
         groups = [_group_lag(admin, group, ends) for group in _group_ids(admin)]
@@ -85,11 +88,11 @@ class StatusSampler:
 
     def _connected(self):
         if self._clients is None:
-            from kafka import KafkaAdminClient, KafkaConsumer
+            from kafka import KafkaAdminClient
 
-            consumer = KafkaConsumer(
-                bootstrap_servers=self.bootstrap_servers, client_id="agentstream-console"
-            )
+            from clients.kafka import make_consumer
+
+            consumer = make_consumer(self.bootstrap_servers, "agentstream-console")
             admin = KafkaAdminClient(
                 bootstrap_servers=self.bootstrap_servers, client_id="agentstream-console"
             )
@@ -112,16 +115,6 @@ def _per_second(now: dict[str, int], before: dict[str, int], seconds: float) -> 
     {'a': 10.0}
     """
     return {k: max(0.0, (v - before[k]) / seconds) for k, v in now.items() if k in before}
-
-
-def _partitions(consumer):
-    from kafka import TopicPartition
-
-    out = []
-    for topic in TOPICS:
-        for p in sorted(consumer.partitions_for_topic(topic) or ()):
-            out.append(TopicPartition(topic, p))
-    return out
 
 
 def _group_ids(admin) -> list[str]:

@@ -10,9 +10,9 @@ internals that may have moved.
 What is reached, and why:
 - `committed_offsets(app)`: the consumer's view of the group's committed offsets
   (`Consumer._committed_offset`), for the offset-continuity guard (streams/offsets.py).
-- `aiokafka_producer(app)`, `wait_for_metadata`, `partition_for`: the aiokafka producer inside
-  faust's (`Producer._ensure_producer`, `AIOKafkaClient._wait_on_metadata`,
-  `AIOKafkaProducer._partition`), to send one record batch per partition (streams/produce.py).
+- `aiokafka_producer(app)`: the aiokafka producer inside faust's (`Producer._ensure_producer`), so
+  that streams/produce.py sends through it one record batch per partition with the project's one
+  sender (clients/kafka/record_batches.py, which needs only the producer's public API).
 - `table_store(table)`: a table's local store (`Table.data`), written after its changelog records
   are acknowledged (faust's own table writes go through a buffer its pre-commit flush gives up on).
 - `recovery_completed(app)`: whether table recovery finished (`app.tables.recovery.completed`).
@@ -63,8 +63,6 @@ CLASS_ATTRIBUTES = (
     ("faust.tables.recovery:Recovery", "_wait"),
     ("faust.transport.drivers.aiokafka:AIOKafkaConsumerThread", "getmany"),
     ("faust.transport.drivers.aiokafka:Producer", "_ensure_producer"),
-    ("aiokafka.producer.producer:AIOKafkaProducer", "_partition"),
-    ("aiokafka.client:AIOKafkaClient", "_wait_on_metadata"),
     ("faust.app.base:App", "_fetcher"),
     ("faust.transport.consumer:Consumer", "_drain_messages"),
     ("faust.transport.consumer:Consumer", "_add_gap"),
@@ -118,21 +116,6 @@ def aiokafka_producer(app):
     """The aiokafka producer faust runs (one producer per worker; faust's pre-commit flush covers
     what is sent through it)."""
     return app.producer._ensure_producer()
-
-
-async def wait_for_metadata(producer, topic: str) -> None:
-    """Wait until the producer knows `topic`'s partitions."""
-    await producer.client._wait_on_metadata(topic)
-
-
-def partition_for(producer, topic: str, key: bytes | None, value: bytes | None) -> int:
-    """The partition aiokafka's own key partitioner picks (the same as a plain `send`)."""
-    return producer._partition(topic, None, None, None, key, value)
-
-
-def partition_count(producer, topic: str) -> int:
-    """How many partitions `topic` has in the producer's metadata (0 when it has none yet)."""
-    return len(producer.client.cluster.partitions_for_topic(topic) or ())
 
 
 def table_store(table):

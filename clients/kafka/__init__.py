@@ -34,20 +34,26 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 }
 
 
-def make_producer(bootstrap_servers: str, client_id: str, **overrides: Any):
+def make_producer(bootstrap_servers: str, client_id: str, *, project_limits: bool = True, **overrides: Any):
     """A kafka-python `KafkaProducer` with the project's limits; `overrides` for what a caller must
-    change (timeouts, linger)."""
+    change (timeouts, linger). `project_limits=False`: the library's own defaults plus `overrides`
+    (a benchmark of the broker that must not move with the project's settings)."""
     from kafka import KafkaProducer
 
-    options = {**PRODUCER_DEFAULTS, "reconnect_backoff_max_ms": 1000, **overrides}
+    limits = {**PRODUCER_DEFAULTS, "reconnect_backoff_max_ms": 1000} if project_limits else {}
+    options = {**limits, **overrides}
     return KafkaProducer(bootstrap_servers=bootstrap_servers, client_id=client_id, **options)
 
 
-def make_async_producer(bootstrap_servers: str, client_id: str, **overrides: Any):
-    """An aiokafka `AIOKafkaProducer` with the same limits (not started)."""
+def make_async_producer(
+    bootstrap_servers: str, client_id: str, *, project_limits: bool = True, **overrides: Any
+):
+    """An aiokafka `AIOKafkaProducer` with the same limits (not started); `project_limits` as in
+    `make_producer`."""
     from aiokafka import AIOKafkaProducer
 
-    options = {**PRODUCER_DEFAULTS, "max_batch_size": BATCH_BYTES, **overrides}
+    limits = {**PRODUCER_DEFAULTS, "max_batch_size": BATCH_BYTES} if project_limits else {}
+    options = {**limits, **overrides}
     options.pop("batch_size", None)
     return AIOKafkaProducer(bootstrap_servers=bootstrap_servers, client_id=client_id, **options)
 

@@ -1,7 +1,9 @@
 """The sink worker: an aiokafka consumer group over every registry topic, into ClickHouse.
 
-Loop: poll -> decode (schemas.codec) -> rows (consumers.sink.rows, pure) -> ClickHouseSink buffer;
-flush (insert, publish dead letters, and only then commit the offsets that batch covered) when
+The loop is `clients.kafka.consume.ConsumeLoop.run_async` (the one the trainer consumer and the
+executor run); `SinkHandler` is its handler: decode (schemas.codec) -> rows (consumers.sink.rows,
+pure) -> ClickHouseSink buffer; write (insert, publish dead letters, and only then offer the offsets
+that batch covered for commit) when
 `batch_rows` rows are buffered, or every `flush_interval_s`, or, under light load (fewer than
 `light_load_rows` buffered), already after `early_flush_s` once the previous insert is done. The
 window adapts to the load: every insert costs ClickHouse a new part per table (about 9 ms of CPU in
@@ -31,14 +33,13 @@ from pathlib import Path
 
 from clients.fetch_pacing import IDLE_WAIT_MS, pace_fetches
 from clients.kafka import ensure_topics, make_async_consumer, make_consumer, make_producer
-from clients.kafka.consume import is_poison
+from clients.kafka.consume import ConsumeLoop, LoopConfig, Partition, refusal
 from clients.kafka.dead_letters import letter_for, publish_dead_letters
+from clients.kafka.ranges import topic_partitions
 from consumers.errors import ConsumerConfigError
 from consumers.sink.clickhouse import ClickHouseSink
 from consumers.sink.rows import dead_letter_row, rows_for
 from schemas.codec import decode
-from schemas.errors import DecodeError
-from schemas.events import DeadLetter
 from schemas.records import Record
 from schemas.settings import DEFAULT_BOOTSTRAP
 from schemas.topics import DLQ, TOPICS
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 STAGE = "sink"
 VERSIONS_SEEN = "trajectory_versions_seen"
 GROUP_ID = "agentstream-sink"
+REFUSAL = "no rows from this record"  # starts a dead letter's reason when rows_for raised
 
 
 @dataclass(frozen=True)
@@ -128,29 +130,29 @@ class SinkConfig:
 @dataclass
 class _InFlight:
     future: Future
-    offsets: dict
+    positions: dict[Partition, int]
     records: int
     rows: int
 
 
-class SinkWorker:
-    """One sink process's state: consumer, DLQ producer, ClickHouse sink, uncommitted offsets.
+class SinkHandler:
+    """The sink's handler in the consume loop (clients/kafka/consume.py): records -> buffered rows ->
+    ClickHouse.
 
-    Writes are pipelined: a batch is inserted on one writer thread (chDB and HTTP release the GIL)
-    while the consumer's event loop polls and decodes the next one (and keeps the group's heartbeats
-    going). At most one batch is in flight, and a batch's offsets are committed, from the event loop,
-    only after its insert and its dead letters are durable.
+    Writes are pipelined: `write` starts a batch's insert on one writer thread (chDB and HTTP release
+    the GIL) and returns, so the loop's event loop polls and decodes the next batch (and keeps the
+    group's heartbeats going). At most one batch is in flight; its positions are offered to the loop
+    for commit only once its insert and its write-time dead letters are durable.
     """
 
-    def __init__(self, config: SinkConfig, client, consumer, producer):
+    def __init__(self, config: SinkConfig, client, producer):
         self.config = config
         self.sink = ClickHouseSink(client, max_retry_s=config.max_retry_s)
-        self.consumer = consumer
-        self.producer = producer
-        self._offsets: dict = {}
-        self._dead: list[DeadLetter] = []
+        self.producer = producer  # for the letters of rows the tables refuse
+        self._positions: dict[Partition, int] = {}  # consumed since the last write started
         self._records = 0
-        self._last_flush = time.monotonic()
+        self._durable: dict[Partition, int] = {}  # written, not yet handed to the loop
+        self._last_write = time.monotonic()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{STAGE}-writer")
         self._inflight: _InFlight | None = None
         # reward versions already buffered: `trajectory_versions_seen` keeps each one's first time, so
@@ -158,93 +160,90 @@ class SinkWorker:
         self._versions_seen: set[tuple] = set()
         self.stats = {"records": 0, "rows": 0, "dead_letters": 0, "flushes": 0}
 
-    def handle(self, record) -> None:
-        """Turn one Kafka record into buffered rows (or a dead letter)."""
-        from aiokafka.structs import TopicPartition
-
-        source = Record(
-            record.topic, record.partition, record.offset, record.key, record.value or b"", record.timestamp
-        )
-        self._offsets[TopicPartition(record.topic, record.partition)] = record.offset + 1
+    def handle(self, record: Record, now: float) -> None:
+        """Turn one record into buffered rows. One that gives none raises (the loop dead-letters
+        it), unless it came from the DLQ itself: that is written to `dead_letters` directly, never
+        re-published (no loop)."""
+        self._positions[(record.topic, record.partition)] = record.offset + 1
         self._records += 1
+        value = record.value or b""  # a tombstone is an empty, undecodable event
         try:
-            event = decode(source.value)
-            rows = rows_for(event, source.value, record.topic, record.partition, record.offset)
-        except DecodeError as exc:
-            self._refuse(source, str(exc), "DecodeError")
-            return
-        except Exception as exc:  # the record's fault (a parser's limit, a value no row can hold)
-            if not is_poison(exc):
+            event = decode(value)
+            rows = rows_for(event, value, record.topic, record.partition, record.offset)
+        except Exception as exc:
+            refused = refusal(exc, REFUSAL) if record.topic == DLQ else None
+            if refused is None:
                 raise
-            self._refuse(source, f"no rows from this record: {exc!r}", type(exc).__name__)
+            self.sink.add("dead_letters", dead_letter_row(letter_for(STAGE, record, *refused)), record)
             return
         for table, row in rows:
             if table == VERSIONS_SEEN:
                 if row in self._versions_seen:
                     continue  # the table keeps the first time; this worker wrote it already
                 self._versions_seen.add(row)
-            self.sink.add(table, row, source)
+            self.sink.add(table, row, record)
 
-    def _refuse(self, source: Record, reason: str, error_type: str) -> None:
-        """Dead-letter a record that gives no rows; one from the DLQ itself is written to
-        `dead_letters` directly, never re-published (no loop)."""
-        letter = letter_for(STAGE, source, reason, error_type)
-        if source.topic == DLQ:
-            self.sink.add("dead_letters", dead_letter_row(letter), source)
-        else:
-            self._dead.append(letter)
-
-    def due(self) -> bool:
+    def due(self, now: float) -> bool:
         """Whether to start a write now: a full batch; rows waiting `flush_interval_s`; or, under light
         load, rows waiting `early_flush_s` while the writer is idle."""
         pending = self.sink.pending
         if pending >= self.config.batch_rows:
             return True
-        if not self._offsets:
+        if not self._positions:
             return False
-        waited = time.monotonic() - self._last_flush
+        waited = now - self._last_write
         if waited >= self.config.flush_interval_s:
             return True
         light = pending < self.config.light_load_rows
         writer_idle = self._inflight is None or self._inflight.future.done()
         return light and writer_idle and waited >= self.config.early_flush_s
 
-    async def flush(self) -> None:
-        """Start writing what is buffered (after committing the batch before it, once durable)."""
-        self._last_flush = time.monotonic()
-        await self.settle(wait=True)
-        if not self._offsets:
-            return
-        rows = self.sink.pending
-        batch, dead = self.sink.take(), self._dead
-        future = self._writer.submit(self._write, batch, dead)
-        self._inflight = _InFlight(future, self._offsets, self._records, rows)
-        self._offsets, self._dead, self._records = {}, [], 0
+    async def write(self, now: float, force: bool) -> bool:
+        """Collect a finished write; start the next one when due (after the previous one is durable).
+        With `force`, write everything consumed and wait for it."""
+        written = await self._collect(wait=force)
+        if not (force or self.due(now)):
+            return written
+        self._last_write = now
+        await self._collect(wait=True)
+        if not self._positions:
+            return written
+        rows, records = self.sink.pending, self._records
+        future = self._writer.submit(self._write, self.sink.take())
+        self._inflight = _InFlight(future, self._positions, records, rows)
+        self._positions, self._records = {}, 0
+        if force:
+            await self._collect(wait=True)
+        return True
 
-    async def drain(self) -> None:
-        """Write and commit everything consumed so far (on stop and before partitions move)."""
-        await self.flush()
-        await self.settle(wait=True)
+    def commit_positions(self, consumed: dict[Partition, int]) -> dict[Partition, int]:
+        """The positions of the writes finished since the last call (the loop commits them now)."""
+        durable, self._durable = self._durable, {}
+        return durable
 
-    async def settle(self, wait: bool) -> None:
-        """Commit the in-flight batch once its write is durable; re-raise its failure here."""
+    async def _collect(self, wait: bool) -> bool:
+        """Take the in-flight write's outcome once it is done (re-raising its failure here)."""
         inflight = self._inflight
         if inflight is None or (not wait and not inflight.future.done()):
-            return
+            return False
         self._inflight = None
         self.stats["dead_letters"] += await asyncio.wrap_future(inflight.future)
-        await self._commit(inflight.offsets)
+        self._durable.update(inflight.positions)
         self.stats["records"] += inflight.records
         self.stats["rows"] += inflight.rows
         self.stats["flushes"] += 1
+        return True
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
 
     # -- writer thread ------------------------------------------------------------------------
 
-    def _write(self, batch, dead: list[DeadLetter]) -> int:
-        """Insert, dead-letter refused rows, publish dead letters: everything before the commit."""
-        rejected = self.sink.write(batch)
-        dlq_rows: dict = {}
-        for item in rejected:
+    def _write(self, batch) -> int:
+        """Insert, then dead-letter the rows refused for good (acknowledged, or this raises and
+        nothing is committed); returns the number of letters published."""
+        dead, dlq_rows = [], {}
+        for item in self.sink.write(batch):
             letter = letter_for(STAGE, item.source, item.reason, item.error_type)
             if item.source.topic == DLQ:
                 rows, sources = dlq_rows.setdefault("dead_letters", ([], []))
@@ -260,54 +259,8 @@ class SinkWorker:
                 item.source.offset,
                 item.reason,
             )
-        publish_dead_letters(self.producer, dead)  # acknowledged, or this raises: no commit then
+        publish_dead_letters(self.producer, dead)
         return len(dead)
-
-    # -- consumer thread ----------------------------------------------------------------------
-
-    def forget(self) -> None:
-        """Drop uncommitted offsets (their rows are written; the next owner re-delivers them)."""
-        self._offsets.clear()
-        self._records = 0
-
-    async def _commit(self, offsets: dict) -> None:
-        await self.consumer.commit(dict(offsets))
-
-    async def run(self, stop: threading.Event) -> None:
-        try:
-            while not stop.is_set():
-                batches = await self.consumer.getmany(timeout_ms=100, max_records=self.config.batch_rows)
-                for records in batches.values():
-                    for record in records:
-                        self.handle(record)
-                await self.settle(wait=False)  # commit as soon as the previous write is durable
-                if self.due():
-                    await self.flush()
-            await self.drain()
-        finally:
-            self._writer.shutdown(wait=True)
-
-
-def _rebalance_listener(worker_ref: list):
-    from aiokafka import ConsumerRebalanceListener
-
-    class FlushOnRevoke(ConsumerRebalanceListener):
-        async def on_partitions_revoked(self, revoked):
-            from aiokafka.errors import KafkaError
-
-            if not worker_ref:
-                return
-            try:
-                await worker_ref[0].drain()  # commit what we consumed before someone else takes over
-            except KafkaError as exc:
-                # the rows are written; the new owner re-reads them and the tables deduplicate
-                log.warning("commit on revocation failed (%s); the next owner will re-deliver", exc)
-                worker_ref[0].forget()
-
-        async def on_partitions_assigned(self, assigned):
-            log.info("sink assigned %d partitions", len(assigned))
-
-    return FlushOnRevoke()
 
 
 def _consumer(config: SinkConfig):
@@ -325,16 +278,11 @@ def _consumer(config: SinkConfig):
 
 def rewind_group(config: SinkConfig) -> None:
     """Commit offset 0 on every partition for the sink's group (a full replay on next start)."""
-    from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
 
     consumer = make_consumer(config.bootstrap_servers, f"{config.group_id}-rewind", config.group_id)
     try:
-        partitions = [
-            TopicPartition(topic, p)
-            for topic in config.topics
-            for p in sorted(consumer.partitions_for_topic(topic) or ())
-        ]
+        partitions = topic_partitions(consumer, config.topics)
         consumer.assign(partitions)
         beginnings = consumer.beginning_offsets(partitions)
         consumer.commit({tp: OffsetAndMetadata(beginnings[tp], "", -1) for tp in partitions})
@@ -398,19 +346,24 @@ def _consume(config: SinkConfig, client, stop: threading.Event, ready: Callable[
 async def _consume_async(
     config: SinkConfig, client, stop: threading.Event, ready: Callable[[], None] | None
 ) -> dict:
-    worker_ref: list = []
     consumer = _consumer(config)
-    consumer.subscribe(topics=list(config.topics), listener=_rebalance_listener(worker_ref))
     producer = make_producer(config.bootstrap_servers, f"{config.group_id}-dlq")
-    worker = SinkWorker(config, client, consumer, producer)
-    worker_ref.append(worker)
+    handler = SinkHandler(config, client, producer)
+    loop = ConsumeLoop(consumer, producer, handler, _loop_config(config))
+    loop.subscribe(config.topics)
     await consumer.start()
     pace_fetches(consumer, config.fetch_idle_wait_ms)
     if ready is not None:
         ready()
     try:
-        await worker.run(stop)
+        await loop.run_async(stop.is_set)
     finally:
+        handler.close()
         await consumer.stop()
         producer.close()
-    return worker.stats
+    return {**handler.stats, "dead_letters": handler.stats["dead_letters"] + loop.dead_lettered}
+
+
+def _loop_config(config: SinkConfig) -> LoopConfig:
+    # a short poll: a due write (by time) starts within 0.1 s; on stop everything consumed is written
+    return LoopConfig(STAGE, REFUSAL, 100, config.batch_rows, write_all_on_stop=True)

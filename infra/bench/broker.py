@@ -18,11 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from infra.runtime import agentstream_argv
+from infra.runtime import agentstream_argv, stop_child
 
 log = logging.getLogger(__name__)
 
 CLIENTS = ("kafka-python", "aiokafka")
+CLIENT_ID = "bench-broker"
 
 
 def add_arguments(parser) -> None:
@@ -94,12 +95,7 @@ class BrokerProcess:
         return ready.read_text().strip()
 
     def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_child(self.proc, grace_s=20)
 
 
 def _measure(bootstrap: str, client: str, size: int, count: int, repeats: int) -> dict:
@@ -136,12 +132,14 @@ def _create_topic(bootstrap: str, topic: str) -> None:
 
 
 def _kafka_python(bootstrap: str, topic: str, size: int, count: int) -> tuple[float, float]:
-    # Raw clients on purpose (not clients.kafka): this measures the broker with each client's own
-    # settings, the same for the embedded broker and its peer, whatever the project's limits become.
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    # Each client's own settings (project_limits=False): this measures the broker, the same for the
+    # embedded broker and its peer, whatever the project's limits become.
+    from kafka import TopicPartition
+
+    from clients.kafka import make_consumer, make_producer
 
     payload = b"x" * size
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    producer = make_producer(bootstrap, CLIENT_ID, project_limits=False, acks="all", linger_ms=5)
     start = time.perf_counter()
     for _ in range(count):
         producer.send(topic, payload)
@@ -149,7 +147,7 @@ def _kafka_python(bootstrap: str, topic: str, size: int, count: int) -> tuple[fl
     produce_s = time.perf_counter() - start
     producer.close()
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = make_consumer(bootstrap, CLIENT_ID)
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
@@ -167,10 +165,12 @@ def _aiokafka(bootstrap: str, topic: str, size: int, count: int) -> tuple[float,
 
 
 async def _aiokafka_async(bootstrap: str, topic: str, size: int, count: int) -> tuple[float, float]:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka import TopicPartition
+
+    from clients.kafka import make_async_consumer, make_async_producer
 
     payload = b"x" * size
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    producer = make_async_producer(bootstrap, CLIENT_ID, project_limits=False, acks="all", linger_ms=5)
     await producer.start()
     start = time.perf_counter()
     for _ in range(count):
@@ -179,7 +179,7 @@ async def _aiokafka_async(bootstrap: str, topic: str, size: int, count: int) -> 
     produce_s = time.perf_counter() - start
     await producer.stop()
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = make_async_consumer(bootstrap, CLIENT_ID)
     await consumer.start()
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])

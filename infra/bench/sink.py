@@ -13,13 +13,12 @@ Starts its own embedded broker and sink processes in a temporary directory and s
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from infra.bench.children import AGENTSTREAM, Child, start_broker
+from infra.bench.children import AGENTSTREAM, Child, scratch_broker
 
 OBSERVATION = "o" * 2048
 POLL_S = 0.05
@@ -107,14 +106,15 @@ def throughput_once(root: Path, bootstrap: str, steps: int, repeat: int) -> floa
 def skip_to_end(bootstrap: str, group: str) -> None:
     """Commit the end of every registry partition for `group`, so its sink starts with no backlog
     (the throughput runs left tens of thousands of steps on the topic)."""
-    from kafka import KafkaConsumer, TopicPartition
     from kafka.structs import OffsetAndMetadata
 
+    from clients.kafka import make_consumer
+    from clients.kafka.ranges import topic_partitions
     from schemas.topics import TOPICS
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    consumer = make_consumer(bootstrap, "bench-sink-skip", group)
     try:
-        parts = [TopicPartition(t, p) for t in TOPICS for p in sorted(consumer.partitions_for_topic(t) or ())]
+        parts = topic_partitions(consumer, TOPICS)
         consumer.assign(parts)
         ends = consumer.end_offsets(parts)
         consumer.commit({tp: OffsetAndMetadata(ends[tp], "", -1) for tp in parts})
@@ -179,35 +179,27 @@ def run(args) -> dict:
 
     rates = [int(r) for r in str(args.rates).split(",") if r.strip()]
     rows, raw = [], {}
-    with tempfile.TemporaryDirectory(prefix="agentstream-bench-sink-") as tmp:
-        root = Path(tmp)
-        broker = start_broker(root / "broker")
-        try:
-            repeats = max(1, min(args.repeats, 3))
-            figures = [throughput_once(root, broker.address, args.steps, r) for r in range(repeats)]
-            raw["throughput_rows_per_s"] = figures
-            rows.append({"measure": "topic->chDB rows/s (step.recorded, 2 KB)", "value": median(figures),
-                         "p50_s": None, "p99_s": None, "visible": args.steps})  # fmt: skip
-            skip_to_end(broker.address, "bench-latency")
-            sink = _sink(root, broker.address, "latency")
-            try:
-                for rate in rates:
-                    latencies = latency_at(broker.address, sink.clickhouse_url, rate, args.duration_s)
-                    achieved = latency_at.achieved  # type: ignore[attr-defined]
-                    raw[f"latency_s_at_{rate}"] = {"achieved_rate": achieved, "count": len(latencies)}
-                    rows.append(
-                        {
-                            "measure": f"publish->visible at {rate}/s offered ({achieved:,.0f}/s achieved)",
-                            "value": None,
-                            "p50_s": percentile(latencies, 50),
-                            "p99_s": percentile(latencies, 99),
-                            "visible": len(latencies),
-                        }
-                    )
-            finally:
-                sink.stop()
-        finally:
-            broker.stop()
+    with scratch_broker("sink") as (root, broker):
+        repeats = max(1, min(args.repeats, 3))
+        figures = [throughput_once(root, broker.address, args.steps, r) for r in range(repeats)]
+        raw["throughput_rows_per_s"] = figures
+        rows.append({"measure": "topic->chDB rows/s (step.recorded, 2 KB)", "value": median(figures),
+                     "p50_s": None, "p99_s": None, "visible": args.steps})  # fmt: skip
+        skip_to_end(broker.address, "bench-latency")
+        with _sink(root, broker.address, "latency") as sink:
+            for rate in rates:
+                latencies = latency_at(broker.address, sink.clickhouse_url, rate, args.duration_s)
+                achieved = latency_at.achieved  # type: ignore[attr-defined]
+                raw[f"latency_s_at_{rate}"] = {"achieved_rate": achieved, "count": len(latencies)}
+                rows.append(
+                    {
+                        "measure": f"publish->visible at {rate}/s offered ({achieved:,.0f}/s achieved)",
+                        "value": None,
+                        "p50_s": percentile(latencies, 50),
+                        "p99_s": percentile(latencies, 99),
+                        "visible": len(latencies),
+                    }
+                )
     notes = [
         "embedded broker + chDB, real `agentstream sink` process (flush every 0.2 s or 5000 rows)",
         "latency polled every 50 ms through the sink's ClickHouse-HTTP endpoint (adds up to 50 ms)",

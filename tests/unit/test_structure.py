@@ -8,6 +8,8 @@
   imports inside functions count too: they are the same edge);
 - no import strings (`import_module(...)`, `__import__(...)`) in product code, and children started
   by module name (`python -m ...`) only through `infra.runtime.python_module_argv`;
+- no Kafka consumer or producer built outside `clients/` (everything else takes one from the
+  factory in `clients.kafka`, with its one set of limits); tests may build raw ones;
 - no module over 500 lines; no function over 50 lines unless its docstring says why ("Long: ...").
 
 The checkers are functions of a graph, so the last tests run them on a small tree with a deliberate
@@ -48,6 +50,8 @@ INFRA_RANK = {
     "cli": 8,  # the parser and `main`: nothing imports it
 }
 MODULE_FLAG_HOME = "infra.runtime"  # the one module that writes `"-m"` (python_module_argv)
+KAFKA_CLIENTS = ("KafkaConsumer", "AIOKafkaConsumer", "KafkaProducer", "AIOKafkaProducer")
+KAFKA_CLIENT_HOME = "clients"  # the one package that builds them (clients.kafka's factory)
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 50
 
@@ -203,6 +207,22 @@ def module_flags(modules: dict[str, Path], package: str, home: str) -> list[str]
     return found
 
 
+def kafka_clients_built(modules: dict[str, Path], home: str) -> list[str]:
+    """Calls that build a Kafka consumer or producer (`KafkaConsumer(...)`, `aiokafka.AIOKafkaProducer(...)`)
+    outside the package `home`."""
+    found = []
+    for name, path in modules.items():
+        if name.split(".")[0] == home:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if called in KAFKA_CLIENTS:
+                    found.append(f"{name}:{node.lineno} {called}(...)")
+    return found
+
+
 def test_layers_import_only_downward():
     bad = []
     for name, targets in GRAPH.items():
@@ -239,6 +259,11 @@ def test_children_started_by_module_name_go_through_one_helper():
     assert not found, "`-m` outside infra.runtime (use python_module_argv / agentstream_argv):\n" + "\n".join(
         found
     )
+
+
+def test_kafka_clients_are_built_only_in_clients():
+    found = kafka_clients_built(MODULES, KAFKA_CLIENT_HOME)
+    assert not found, "Kafka clients built outside clients/ (use clients.kafka.make_*):\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -326,3 +351,20 @@ def test_the_checks_report_import_strings_and_module_children(tmp_path):
         "infra.errors:1 __import__(...)",
     ]
     assert module_flags(modules, "infra", "infra.runtime") == ["infra.cli.main:3"]
+
+
+def test_the_check_reports_kafka_clients_built_outside_clients(tmp_path):
+    extra = {
+        "clients/__init__.py": "",
+        "clients/kafka.py": "from kafka import KafkaConsumer\n\n\ndef make():\n    return KafkaConsumer()\n",
+        "infra/commands/sql.py": "from kafka import KafkaConsumer\n\nc = KafkaConsumer('x')\n",
+        "infra/errors.py": "import aiokafka\n\n\ndef p():\n    return aiokafka.AIOKafkaProducer()\n",
+    }
+    _fake_tree(tmp_path, extra)
+    modules = modules_under(tmp_path, ["clients", "infra"])
+    assert "clients.kafka" in modules
+    assert sorted(kafka_clients_built(modules, "clients")) == [
+        "infra.commands.sql:3 KafkaConsumer(...)",
+        "infra.errors:5 AIOKafkaProducer(...)",
+    ]
+    assert kafka_clients_built(_fake_tree(tmp_path, {}), "clients") == []
