@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,6 +45,17 @@ def python_module_argv(module: str, *args: str) -> list[str]:
 def agentstream_argv(*args: str) -> list[str]:
     """`agentstream args...` as a child process of this interpreter."""
     return python_module_argv(CLI_MODULE, *args)
+
+
+def stop_child(popen: subprocess.Popen, grace_s: float = 10.0) -> int:
+    """Stop our own child by its PID: SIGTERM, SIGKILL when it has not exited after `grace_s`;
+    returns its exit code."""
+    popen.terminate()
+    try:
+        return popen.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        return popen.wait(timeout=10)
 
 
 def gc_thresholds(value: str | None) -> tuple[int, ...]:

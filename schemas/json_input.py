@@ -1,17 +1,19 @@
 """JSON text a user hands us (a task file line, a tool argument) read as one JSON object.
 
-Errors are the caller's own exception class, the message starting with `where` (a file:line or an
-argument name), so each package keeps its exception root and every message says where to look.
+Errors are the caller's own exception (its class, or a function making one from the message), the
+message starting with `where` (a file:line, an argument name or a request body), so each package
+keeps its exception root and every message says where to look.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 
-def json_object(text: str | bytes, where: str, error: type[Exception]) -> dict[str, Any]:
+def json_object(text: str | bytes, where: str, error: Callable[[str], Exception]) -> dict[str, Any]:
     """The JSON object `text` holds; `error(where: ...)` when it is not valid JSON or not an object.
 
     >>> json_object('{"a": 1}', "line 1", ValueError)

@@ -122,9 +122,11 @@ def _measure(bootstrap: str, client: str, size: int, count: int, repeats: int) -
 
 
 def _create_topic(bootstrap: str, topic: str) -> None:
-    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.admin import NewTopic
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    from clients.kafka import make_admin
+
+    admin = make_admin(bootstrap, CLIENT_ID)
     try:
         admin.create_topics([NewTopic(topic, 1, 1)])
     finally:

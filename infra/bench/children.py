@@ -1,5 +1,6 @@
 """Child processes for benchmarks: an `agentstream` subcommand in its own process group that
-writes a ready file when serving; stopped by PID (SIGTERM, then SIGKILL)."""
+writes a ready file when serving; stopped by PID (SIGTERM, then SIGKILL). `scratch_broker` gives a
+benchmark its scratch directory with an embedded broker in it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from infra.runtime import agentstream_argv
@@ -32,6 +35,12 @@ class Child:
             time.sleep(0.05)
         self.address = ready_file.read_text().strip()
 
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -50,3 +59,12 @@ def start_broker(directory: Path) -> Child:
     ready = directory / "broker.ready"
     args = [*AGENTSTREAM, "broker", "--data-dir", str(directory), "--host", "127.0.0.1", "--port", "0"]
     return Child([*args, "--ready-file", str(ready)], directory / "broker.log", ready)
+
+
+@contextlib.contextmanager
+def scratch_broker(bench: str) -> Iterator[tuple[Path, Child]]:
+    """A scratch directory for one benchmark run and an embedded broker in it; both go after the block."""
+    with tempfile.TemporaryDirectory(prefix=f"agentstream-bench-{bench}-") as tmp:
+        root = Path(tmp)
+        with start_broker(root / "broker") as broker:
+            yield root, broker

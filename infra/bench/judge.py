@@ -1,11 +1,11 @@
 """`agentstream bench judge`: judged steps/s per worker against a Messages-API server with a fixed
 latency, and the judge processor's own overhead per call.
 
-Setup: the tests' local Messages-API server (`tests/support/judge_servers/messages.py`) runs in its own
-process and answers every call after `--latency` seconds (default 0.5). The real judge processor
-(`streams.judge.processor.JudgeProcessor`, real anthropic SDK, cache off so every step costs a
-call) judges `--calls-per-slot` x concurrency distinct steps at each concurrency level. The ideal
-is concurrency / latency calls per second; efficiency is measured / ideal.
+Setup: the bench's fixed-latency Messages-API endpoint (`infra/bench/judge_endpoint.py`) runs in its
+own process and answers every call after `--latency` seconds (default 0.5) with a well-formed reply.
+The real judge processor (`streams.judge.processor.JudgeProcessor`, real anthropic SDK, cache off so
+every step costs a call) judges `--calls-per-slot` x concurrency distinct steps at each concurrency
+level. The ideal is concurrency / latency calls per second; efficiency is measured / ideal.
 
 Overhead rows: the processor around a call with the HTTP call replaced by an instant canned reply
 (prompt, cache key, budget, parse, events), and the SDK + local HTTP round trip with 0 latency.
@@ -20,9 +20,11 @@ import time
 from datetime import UTC, datetime
 
 from infra.bench import report
+from infra.bench.judge_endpoint import fixed_reply
 from infra.runtime import python_module_argv, stop_child
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+SCORE = 0.5  # the endpoint's default score
 
 
 def add_arguments(parser) -> None:
@@ -53,14 +55,14 @@ def run(args) -> dict:
 
 
 class _server:
-    """The local Messages-API server in a child process (its own GIL), stopped by PID."""
+    """The fixed-latency endpoint in a child process (its own GIL), stopped by PID."""
 
     def __init__(self, latency: float):
         self.latency = latency
 
     def __enter__(self) -> str:
         self.proc = subprocess.Popen(
-            python_module_argv("tests.support.judge_servers.messages", "--latency", str(self.latency)),
+            python_module_argv("infra.bench.judge_endpoint", "--latency", str(self.latency)),
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -142,17 +144,12 @@ async def _timed(processor, events) -> tuple[float, int]:
 
 
 class _InstantClient:
-    """Stands in for the HTTP call: answers at once like the local server would."""
-
-    def __init__(self):
-        from tests.support.judge_servers.messages import score_prompt
-
-        self.score_prompt = score_prompt
+    """Stands in for the HTTP call: answers at once what the endpoint would."""
 
     async def complete(self, prompt):
         from streams.judge.client import CallResult
 
-        text = self.score_prompt(prompt.user)
+        text = fixed_reply(prompt.user, SCORE)
         return CallResult(text, "claude-sonnet-4-6", len(prompt.user) // 4, len(text) // 4, 0.0, 1)
 
     async def close(self):

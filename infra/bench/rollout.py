@@ -71,7 +71,7 @@ def run(args) -> dict:
 def _measure_rollouts(root: Path, bootstrap: str, levels: list[int], args) -> dict:
     import producers.envs  # noqa: F401  (registers the built-in environments)
     from consumers.tiny_model import tiny_model_dir
-    from infra.bench.policy import _servers
+    from infra.bench.policy.servers import policy_servers
     from producers.envs.tasks import builtin_tasks
     from producers.policy.engine import LocalEngine
     from producers.policy.service import PolicyService
@@ -81,7 +81,7 @@ def _measure_rollouts(root: Path, bootstrap: str, levels: list[int], args) -> di
     recorder = AgentRecorder(bootstrap, root / "spool", agent="bench-rollout", model=engine.model_name)
     tasks = builtin_tasks("calc")
     try:
-        with _servers({"policy": PolicyService(engine, None)}, 1) as urls:
+        with policy_servers({"policy": PolicyService(engine, None)}, 1) as urls:
             url = f"{urls['policy']}/v1"
             _timed_run(url, tasks, recorder, max(levels), args)  # warm-up (lazy init in torch, recorder)
             runs = {level: [] for level in levels}

@@ -111,16 +111,16 @@ class LogConfig:
 
 
 def _float_config(configs: dict[str, str], key: str) -> float:
-    value = configs[key]
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise InvalidConfigError(f"{key}: must be a number (got {value!r})") from None
+    return _number_config(configs, key, float, "a number")
 
 
 def _int_config(configs: dict[str, str], key: str) -> int:
+    return _number_config(configs, key, int, "an integer")
+
+
+def _number_config(configs: dict[str, str], key: str, kind: type, what: str):
     value = configs[key]
     try:
-        return int(value)
+        return kind(value)
     except (TypeError, ValueError):
-        raise InvalidConfigError(f"{key}: must be an integer (got {value!r})") from None
+        raise InvalidConfigError(f"{key}: must be {what} (got {value!r})") from None

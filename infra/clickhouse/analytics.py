@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date
+from typing import Any
 
 from clients.clickhouse import DATABASE, ClickHouseError
 from infra.clickhouse.sql import Sql
@@ -188,17 +189,10 @@ def _domain_rows(domain: str, groups: list[Group], by: str, resamples: int) -> l
     return rows
 
 
-def leaderboard_rows(
-    query: Query,
-    by: str = "model",
-    domain: str | None = None,
-    since: date | str | None = None,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    reward_version: str | None = None,
-) -> list[dict]:
-    """Fetch per-episode rewards with SQL and compute the leaderboard in Python; each row names the
-    reward version it shows (`reward_version`: given, else the newest complete one)."""
-    return leaderboard_report(query, by, domain, since, resamples, reward_version)[1]
+def leaderboard_rows(query: Query, *args: Any, **kwargs: Any) -> list[dict]:
+    """The rows of `leaderboard_report` (same arguments): per-episode rewards fetched with SQL, the
+    leaderboard computed in Python; each row names the reward version it shows."""
+    return leaderboard_report(query, *args, **kwargs)[1]
 
 
 def leaderboard_report(

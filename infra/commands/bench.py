@@ -1,5 +1,6 @@
-"""`agentstream bench NAME`: each benchmark is a module of `infra.bench`, listed in BENCHMARKS, with
-`add_arguments(parser)` and `run(args) -> dict` (keys: `rows` for the table, anything else for JSON).
+"""`agentstream bench NAME`: each benchmark is a module of `infra.bench` (of a folder there,
+its `benchmark` module), listed in BENCHMARKS, with `add_arguments(parser)` and `run(args) -> dict`
+(keys: `rows` for the table, anything else for JSON).
 
 Benchmark modules import their heavy dependencies inside `run`, because `add_arguments` is called
 whenever the parser is built (including for `agentstream --help`).
@@ -10,11 +11,9 @@ from __future__ import annotations
 from infra.bench import (
     broker,
     codec,
-    console,
     e2e,
     judge,
     otlp,
-    policy,
     produce,
     redaction,
     rollout,
@@ -22,6 +21,8 @@ from infra.bench import (
     streams,
     trainer,
 )
+from infra.bench.console import benchmark as console
+from infra.bench.policy import benchmark as policy
 from infra.options.env import add_option, command_parser, group_parser, positive_int
 
 # name -> (the module that implements it, one-line description)
@@ -58,6 +59,17 @@ BENCHMARKS = {
         "redaction CPU us per 2 KB step (clean, with @/URLs, with 4 secrets) beside encoding",
     ),
 }
+# The files `bench readme` reads and rewrites: option -> (default path, help).
+README_FILES = {
+    "--e2e": ("docs/bench/e2e.json", "`bench e2e` JSON to read"),
+    "--produce": ("docs/bench/produce.json", "`bench produce` JSON (SDK CPU), if any"),
+    "--baseline": (
+        "docs/bench/e2e-before.json",
+        "an earlier `bench e2e` JSON whose figures are shown beside the targets, if any",
+    ),
+    "--readme": ("README.md", "file with the <!-- bench:e2e-summary --> markers"),
+    "--benchmarks": ("docs/benchmarks.md", "file with the <!-- bench:e2e --> markers (the full table)"),
+}
 
 
 def register(sub) -> None:
@@ -75,25 +87,8 @@ def register(sub) -> None:
         "regenerate the README's performance table from bench JSON",
         common=False,
     )
-    add_option(readme, "--e2e", default="docs/bench/e2e.json", help="`bench e2e` JSON to read")
-    add_option(
-        readme, "--produce", default="docs/bench/produce.json", help="`bench produce` JSON (SDK CPU), if any"
-    )
-    add_option(
-        readme,
-        "--baseline",
-        default="docs/bench/e2e-before.json",
-        help="an earlier `bench e2e` JSON whose figures are shown beside the targets, if any",
-    )
-    add_option(
-        readme, "--readme", default="README.md", help="file with the <!-- bench:e2e-summary --> markers"
-    )
-    add_option(
-        readme,
-        "--benchmarks",
-        default="docs/benchmarks.md",
-        help="file with the <!-- bench:e2e --> markers (the full table)",
-    )
+    for flag, (path, text) in README_FILES.items():
+        add_option(readme, flag, default=path, help=text)
 
 
 def run_benchmark(args) -> int:

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from infra.console.config import ConsoleConfig
-from infra.options.configs import add_config_options, config_from_args
-from infra.options.env import add_option, command_parser
+from infra.options.configs import config_command, config_from_settings
+from infra.options.env import add_option
 from infra.terminal import output
 
 
 def register(sub) -> None:
-    console = command_parser(
-        sub, "console", run_console, "web console: stream, trajectories, leaderboard, training (read-only)"
-    )
-    add_config_options(console, ConsoleConfig)
+    summary = "web console: stream, trajectories, leaderboard, training (read-only)"
+    console = config_command(sub, "console", run_console, summary, ConsoleConfig)
     add_option(console, "--ready-file", help="write host:port here once listening")
 
 
@@ -22,17 +20,10 @@ def run_console(args) -> int:
     import signal
 
     from infra.console.app import serve
-    from schemas.settings import Settings
 
     # A broker that is down is reported on the overview page; kafka-python would log every retry.
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
-    settings = Settings.from_args(args)
-    config = config_from_args(
-        ConsoleConfig,
-        args,
-        clickhouse_url=settings.resolved_clickhouse_url,
-        bootstrap_servers=settings.bootstrap_servers,
-    )
+    config = config_from_settings(ConsoleConfig, args)
 
     async def main() -> None:
         stop = asyncio.Event()

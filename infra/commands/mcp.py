@@ -7,33 +7,22 @@ stderr, and logging is on stderr as everywhere.
 from __future__ import annotations
 
 from infra.mcp.config import McpConfig
-from infra.options.configs import add_config_options, config_from_args
-from infra.options.env import add_option, command_parser
+from infra.options.configs import config_command, config_from_settings
+from infra.options.env import add_option
 from infra.terminal import output
 
 
 def register(sub) -> None:
     """Add `mcp` to the `agentstream` parser."""
-    parser = command_parser(
-        sub, "mcp", run_mcp, "MCP server: SQL, leaderboard, trajectories, rewards, labels, environments"
-    )
-    add_config_options(parser, McpConfig)
+    summary = "MCP server: SQL, leaderboard, trajectories, rewards, labels, environments"
+    parser = config_command(sub, "mcp", run_mcp, summary, McpConfig)
     add_option(parser, "--ready-file", help="HTTP transport: write host:port here once listening")
 
 
 def run_mcp(args) -> int:
     from infra.mcp.server import serve
-    from schemas.settings import Settings
 
-    settings = Settings.from_args(args)
-    config = config_from_args(
-        McpConfig,
-        args,
-        clickhouse_url=settings.resolved_clickhouse_url,
-        bootstrap_servers=settings.bootstrap_servers,
-        data_dir=settings.data_dir,
-    )
-    serve(config, args.ready_file, on_listening=_announce)
+    serve(config_from_settings(McpConfig, args), args.ready_file, on_listening=_announce)
     return 0
 
 

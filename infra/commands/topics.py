@@ -7,6 +7,8 @@ Kafka. Output is plain text for people; errors raise `TopicAdminError` (one line
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from infra.errors import InfraError
 from infra.options.env import add_option, command_parser, group_parser
@@ -39,15 +41,22 @@ def register(sub) -> None:
     describe_parser.add_argument("names", nargs="*", help="topic names (default: every topic)")
 
 
-def _admin(args):
-    from kafka.admin import KafkaAdminClient
+@contextmanager
+def _admin(args) -> Iterator:
+    """The factory's admin client on the configured cluster for the block, closed after."""
     from kafka.errors import KafkaError
+
+    from clients.kafka import make_admin
 
     bootstrap = Settings.from_args(args).bootstrap_servers
     try:
-        return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="agentstream-topics")
+        admin = make_admin(bootstrap, "agentstream-topics")
     except KafkaError as exc:
         raise TopicAdminError(f"bootstrap_servers={bootstrap!r}: cannot reach Kafka ({exc})") from exc
+    try:
+        yield admin
+    finally:
+        admin.close()
 
 
 def parse_configs(pairs: list[str]) -> dict[str, str]:
@@ -78,34 +87,27 @@ def create(args) -> int:
     from kafka.errors import TopicAlreadyExistsError
 
     configs = parse_configs(args.config)
-    admin = _admin(args)
-    try:
+    with _admin(args) as admin:
         for name in args.names:
             try:
                 admin.create_topics([NewTopic(name, args.partitions, 1, topic_configs=configs)])
                 output.say(f"created {name} ({args.partitions} partition(s))")
             except TopicAlreadyExistsError:
                 output.say(f"exists  {name}")
-    finally:
-        admin.close()
     return 0
 
 
 def list_topics(args) -> int:
-    admin = _admin(args)
-    try:
+    with _admin(args) as admin:
         for name in sorted(admin.list_topics()):
             output.say(name)
-    finally:
-        admin.close()
     return 0
 
 
 def describe(args) -> int:
     from kafka.admin import ConfigResource, ConfigResourceType
 
-    admin = _admin(args)
-    try:
+    with _admin(args) as admin:
         names = args.names or sorted(admin.list_topics())
         described = {t["name"]: t for t in admin.describe_topics(names)}
         for name in names:
@@ -119,6 +121,4 @@ def describe(args) -> int:
                 source = configs[key].get("config_source", "")
                 marker = "" if source == "DEFAULT_CONFIG" else "  (override)"
                 output.say(f"    {key}={configs[key]['value']}{marker}")
-    finally:
-        admin.close()
     return 0

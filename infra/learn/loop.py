@@ -27,7 +27,7 @@ from pathlib import Path
 from infra.learn.heldout import HeldoutScore, evaluate, load_engine
 from infra.learn.tasks import split_expressions, write_tasks
 from infra.learn.warmstart import WarmStartConfig, build_warm_model
-from infra.runtime import agentstream_argv
+from infra.runtime import agentstream_argv, stop_child
 from infra.terminal import output
 from schemas.policy_versions import version_number
 
@@ -169,19 +169,9 @@ def run_loop(config: LearnConfig, data_dir: Path, base: Path, engine, split, cur
         for point in curve.points:
             point["mean_reward"] = rewards.get(point["version"])
     finally:
-        _stop(rollout)
+        stop_child(rollout)
         log.close()
         supervisor.stop()
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM the rollout, SIGKILL after 10 s (by PID)."""
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
 
 
 def learn_policy_reader(bootstrap_servers: str):

@@ -27,9 +27,17 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from infra.options.env import ENV_PREFIX, add_option, parse_bool
+from infra.options.env import ENV_PREFIX, add_option, command_parser, parse_bool
+from schemas.settings import Settings
 
 C = TypeVar("C")
+
+
+def config_command(sub, name: str, handler, help: str, config: type) -> argparse.ArgumentParser:
+    """A subcommand run by `handler(args)` whose options are the documented fields of `config`."""
+    parser = command_parser(sub, name, handler, help)
+    add_config_options(parser, config)
+    return parser
 
 
 def add_config_options(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
@@ -67,6 +75,19 @@ def config_from_args(cls: type[C], args: argparse.Namespace, prefix: str = "", *
             if raw is not None and raw != _show(_default(spec)):
                 values[spec.name] = _convert(raw, hint)
     return cls(**values)
+
+
+def config_from_settings(cls: type[C], args: argparse.Namespace, **given: Any) -> C:
+    """`config_from_args`, with the connection fields `cls` has (`bootstrap_servers`,
+    `clickhouse_url`, `data_dir`) taken from the shared settings (their options, else `AGENTSTREAM_*`)."""
+    settings = Settings.from_args(args)
+    shared = {
+        "bootstrap_servers": settings.bootstrap_servers,
+        "clickhouse_url": settings.resolved_clickhouse_url,
+        "data_dir": settings.data_dir,
+    }
+    names = {spec.name for spec in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return config_from_args(cls, args, **{k: v for k, v in shared.items() if k in names} | given)
 
 
 def config_to_argv(config: object, prefix: str = "") -> list[str]:

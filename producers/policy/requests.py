@@ -14,12 +14,13 @@ logits by 1e-300 overflows), as vLLM does; a tiny `top_p` keeps the most likely 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from producers.errors import ProducerError
 from producers.gateway.requests import check_key_hashes, parse_key_hashes
 from producers.policy.engine import MIN_TEMPERATURE, SamplingParams
+from schemas.config_fields import check_bounds, option
 
 MAX_N = 16
 MAX_TOKENS_LIMIT = 4096
@@ -31,92 +32,60 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 class PolicyConfig:
     """How `agentstream policy` serves and records. Documented fields are its options."""
 
-    base_model: str = field(
-        default="tiny",
-        metadata={
-            "env": "AGENTSTREAM_POLICY_BASE_MODEL",
-            "help": "base model: a local directory, or `tiny` (built from a config under --data-dir)",
-        },
+    base_model: str = option(
+        "tiny",
+        "base model: a local directory, or `tiny` (built from a config under --data-dir)",
+        env="AGENTSTREAM_POLICY_BASE_MODEL",
     )
-    adapter: str = field(
-        default="",
-        metadata={
-            "env": "AGENTSTREAM_POLICY_ADAPTER",
-            "help": "LoRA checkpoint to serve at start (default: the latest under --checkpoints)",
-        },
+    adapter: str = option(
+        "",
+        "LoRA checkpoint to serve at start (default: the latest under --checkpoints)",
+        env="AGENTSTREAM_POLICY_ADAPTER",
     )
-    checkpoints: str = field(
-        default="",
-        metadata={
-            "env": "AGENTSTREAM_POLICY_CHECKPOINTS",
-            "help": "the executor's checkpoint root (default: <data-dir>/checkpoints)",
-        },
+    checkpoints: str = option(
+        "",
+        "the executor's checkpoint root (default: <data-dir>/checkpoints)",
+        env="AGENTSTREAM_POLICY_CHECKPOINTS",
     )
-    upstream: str = field(
-        default="",
-        metadata={
-            "env": "AGENTSTREAM_POLICY_UPSTREAM",
-            "help": "proxy mode: an OpenAI-compatible server to sample from (vLLM, SGLang, another "
-            "agentstream policy), e.g. http://127.0.0.1:8000/v1; --base-model then names the model's "
-            "tokenizer directory",
-        },
+    upstream: str = option(
+        "",
+        "proxy mode: an OpenAI-compatible server to sample from (vLLM, SGLang, another agentstream "
+        "policy), e.g. http://127.0.0.1:8000/v1; --base-model then names the model's tokenizer directory",
+        env="AGENTSTREAM_POLICY_UPSTREAM",
     )
-    device: str = field(
-        default="auto", metadata={"env": "AGENTSTREAM_POLICY_DEVICE", "help": "auto | cpu | cuda"}
+    device: str = option("auto", "auto | cpu | cuda", env="AGENTSTREAM_POLICY_DEVICE")
+    record: bool = option(True, "record each completion as step.recorded", env="AGENTSTREAM_POLICY_RECORD")
+    follow: bool = option(True, "reload on policy.updated (hot reload)", env="AGENTSTREAM_POLICY_FOLLOW")
+    api_key_hashes: frozenset[str] | tuple[str, ...] = option(
+        (),
+        "comma-separated sha256 hex digests of accepted API keys (`agentstream gateway-key KEY`); "
+        "none: no key needed",
+        env="AGENTSTREAM_POLICY_API_KEY_HASHES",
     )
-    record: bool = field(
-        default=True,
-        metadata={"env": "AGENTSTREAM_POLICY_RECORD", "help": "record each completion as step.recorded"},
+    max_body_bytes: int = option(
+        4 * 1024 * 1024, "request size limit (413 above)", env="AGENTSTREAM_POLICY_MAX_BODY_BYTES"
     )
-    follow: bool = field(
-        default=True,
-        metadata={"env": "AGENTSTREAM_POLICY_FOLLOW", "help": "reload on policy.updated (hot reload)"},
+    workers: int = option(
+        1, "generation threads (one model instance is shared)", env="AGENTSTREAM_POLICY_WORKERS", ge=1
     )
-    api_key_hashes: frozenset[str] | tuple[str, ...] = field(
-        default=(),
-        metadata={
-            "help": "comma-separated sha256 hex digests of accepted API keys "
-            "(`agentstream gateway-key KEY`); none: no key needed",
-            "env": "AGENTSTREAM_POLICY_API_KEY_HASHES",
-        },
+    allowed_hosts: tuple[str, ...] = option(
+        (),
+        "comma-separated Host header values accepted besides the loopback names with the bound port "
+        "(e.g. policy.internal:8000, or a name alone for any port); others get 421",
+        env="AGENTSTREAM_POLICY_ALLOWED_HOSTS",
     )
-    max_body_bytes: int = field(
-        default=4 * 1024 * 1024,
-        metadata={"env": "AGENTSTREAM_POLICY_MAX_BODY_BYTES", "help": "request size limit (413 above)"},
-    )
-    workers: int = field(
-        default=1,
-        metadata={
-            "env": "AGENTSTREAM_POLICY_WORKERS",
-            "help": "generation threads (one model instance is shared)",
-        },
-    )
-    allowed_hosts: tuple[str, ...] = field(
-        default=(),
-        metadata={
-            "env": "AGENTSTREAM_POLICY_ALLOWED_HOSTS",
-            "help": "comma-separated Host header values accepted besides the loopback names with the "
-            "bound port (e.g. policy.internal:8000, or a name alone for any port); others get 421",
-        },
-    )
-    episode_context_tokens: int = field(
-        default=8 * 1024 * 1024,
-        metadata={
-            "env": "AGENTSTREAM_POLICY_EPISODE_CONTEXT_TOKENS",
-            "help": "token ids kept for the episodes' token continuity, all episodes together (4 bytes "
-            "each); the least recently used episode's context is dropped beyond it",
-        },
+    episode_context_tokens: int = option(
+        8 * 1024 * 1024,
+        "token ids kept for the episodes' token continuity, all episodes together (4 bytes each); the "
+        "least recently used episode's context is dropped beyond it",
+        env="AGENTSTREAM_POLICY_EPISODE_CONTEXT_TOKENS",
+        ge=0,
     )
 
     def __post_init__(self):
         object.__setattr__(self, "api_key_hashes", parse_key_hashes(self.api_key_hashes))
         check_key_hashes(self.api_key_hashes)
-        if self.workers < 1:
-            raise ProducerError(f"workers: expected at least 1, got {self.workers}")
-        if self.episode_context_tokens < 0:
-            raise ProducerError(
-                f"episode_context_tokens: expected 0 or more, got {self.episode_context_tokens}"
-            )
+        check_bounds(self, ProducerError)
         hosts = self.allowed_hosts
         hosts = hosts.split(",") if isinstance(hosts, str) else hosts
         object.__setattr__(self, "allowed_hosts", tuple(h.strip().lower() for h in hosts if h.strip()))

@@ -40,6 +40,7 @@ from producers.gateway.requests import (
     presented_key,
     too_large,
 )
+from schemas.json_input import json_object
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,8 @@ def decode_request(body: bytes, media: str):
         if media == "protobuf":
             request.ParseFromString(body)
         else:
-            json_format.ParseDict(_json_ids_to_base64(_json_body(body)), request, ignore_unknown_fields=True)
+            document = json_object(body, "OTLP JSON body", malformed)
+            json_format.ParseDict(_json_ids_to_base64(document), request, ignore_unknown_fields=True)
     except (DecodeError, json_format.ParseError, ValueError, TypeError) as exc:
         raise malformed(f"not an OTLP {media} ExportTraceServiceRequest: {exc}") from None
     return request
@@ -158,16 +160,6 @@ def decode_request(body: bytes, media: str):
 
 def malformed(message: str) -> RequestRejected:
     return RequestRejected(400, "malformed OTLP payload", message=message)
-
-
-def _json_body(body: bytes) -> dict:
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise malformed(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    if not isinstance(obj, dict):
-        raise malformed(f"expected a JSON object with resourceSpans, got {type(obj).__name__}")
-    return obj
 
 
 def _json_ids_to_base64(obj: dict) -> dict:

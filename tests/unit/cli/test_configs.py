@@ -10,8 +10,8 @@ from typing import Literal
 
 import pytest
 
-from infra.options.configs import add_config_options, config_from_args, config_to_argv
-from infra.options.env import apply_env_defaults
+from infra.options.configs import add_config_options, config_from_args, config_from_settings, config_to_argv
+from infra.options.env import add_common_options, apply_env_defaults
 from schemas.errors import AgentstreamError
 
 
@@ -116,3 +116,26 @@ def test_a_bad_path_is_a_one_line_error_naming_it(tmp_path, capsys):
     assert code == 1
     assert err.startswith("agentstream: error: ") and err.count("\n") == 1, err
     assert "f.txt" in err and "Traceback" not in err
+
+
+@dataclass(frozen=True)
+class Connected:
+    bootstrap_servers: str = ""
+    clickhouse_url: str = ""
+    batch: int = field(default=1, metadata={"help": "rows a batch"})
+
+
+def test_config_from_settings_fills_the_connection_fields_a_config_has(monkeypatch, tmp_path):
+    monkeypatch.setenv("AGENTSTREAM_BOOTSTRAP_SERVERS", "kafka:9092")
+    parser = argparse.ArgumentParser()
+    add_common_options(parser)
+    add_config_options(parser, Connected)
+    args = parser.parse_args(["--data-dir", str(tmp_path), "--batch", "4"])
+    apply_env_defaults(parser, args)
+    config = config_from_settings(Connected, args)
+    # no data_dir field: not passed; the ClickHouse URL defaults to chDB under --data-dir
+    assert config == Connected("kafka:9092", f"chdb://{(tmp_path / 'clickhouse').resolve()}", 4)
+    assert (
+        config_from_settings(Connected, args, clickhouse_url="http://ch:8123").clickhouse_url
+        == "http://ch:8123"
+    )

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from infra.errors import InfraError
-from infra.runtime import ENV, GC_THRESHOLDS, default_gc, gc_thresholds, tune_gc
+from infra.runtime import ENV, GC_THRESHOLDS, default_gc, gc_thresholds, stop_child, tune_gc
 
 
 @pytest.fixture
@@ -58,3 +58,12 @@ def test_a_benchmark_of_user_code_runs_under_cpython_defaults(restored_gc):
     with default_gc():
         assert gc.get_threshold() == (700, 10, 10)
     assert gc.get_threshold() == GC_THRESHOLDS
+
+
+def test_stop_child_kills_a_child_that_ignores_sigterm_after_the_grace():
+    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); "
+    script += "time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    assert child.stdout.readline() == b"1\n"  # the handler is installed
+    assert stop_child(child, grace_s=0.5) == -9 and child.poll() == -9
+    child.stdout.close()

@@ -247,7 +247,7 @@ def test_a_failed_span_is_a_step_error_and_a_failed_root_a_failed_episode():
     ("body", "media", "reason"),
     [
         (b"\xff\xff\xff", "protobuf", "not an OTLP protobuf ExportTraceServiceRequest"),
-        (b'{"resourceSpans": [', "json", "malformed JSON at line 1"),
+        (b'{"resourceSpans": [', "json", "OTLP JSON body: not valid JSON (unexpected end of data: line 1"),
         (b"[1]", "json", "expected a JSON object"),
         (
             b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "xyz"}]}]}]}',
