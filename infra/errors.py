@@ -6,7 +6,7 @@
         ├── DockerUnavailable     infra/docker_engine.py: the docker path without a reachable engine
         ├── TopicAdminError       infra/commands/topics.py: `agentstream topics ...`
         ├── ReadmeError           infra/bench/readme.py: `agentstream bench readme`
-        ├── FilterError           infra/clickhouse/browse.py: a malformed filter (field and value named)
+        ├── FilterError           infra/clickhouse/browse/filters.py: a malformed filter (field, value named)
         ├── ConsoleError          infra/console/: the web console's configuration or startup
         ├── ExportError           infra/export/errors.py: `agentstream export`
         ├── McpToolError          infra/mcp/errors.py: an MCP tool refused its input

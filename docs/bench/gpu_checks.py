@@ -6,7 +6,7 @@
 Writes DIR/gpu_checks.json after each section (a failed section records its traceback and the rest
 still run) and logs a summary. Sections:
 
-1. policy: `infra.bench.policy.gpu_comparison` (what `bench policy --gpu` adds): `LocalEngine.generate`
+1. policy: `infra.bench.policy.gpu.gpu_comparison` (what `bench policy --gpu` adds): `LocalEngine.generate`
    vs transformers `model.generate`, bf16, batch 1, on a Qwen2-0.5B-shaped model built from a config
    with the tiny tokenizer (random weights, so every completion runs to max_tokens).
 2. engine: `LocalEngine(device=...)` on that model: seeded sampling reproducible, logprobs finite,
@@ -67,7 +67,7 @@ def environment(args, work: Path) -> dict:
 
 
 def policy(args, work: Path) -> dict:
-    from infra.bench.policy import QWEN2_05B_SHAPE, compare_generate, gpu_comparison
+    from infra.bench.policy.gpu import QWEN2_05B_SHAPE, compare_generate, gpu_comparison
 
     if args.small:
         return compare_generate(work / "model", args.device, SMALL_SHAPE, 8, 1, prompts=2)
@@ -80,7 +80,7 @@ def policy(args, work: Path) -> dict:
 
 def _model_dir(args, work: Path) -> Path:
     """The model of section 1 (built again when that section failed)."""
-    from infra.bench.policy import QWEN2_05B_SHAPE, _model_of_shape
+    from infra.bench.policy.gpu import QWEN2_05B_SHAPE, _model_of_shape
 
     path = work / "model"
     if not (path / "config.json").is_file():
@@ -89,7 +89,8 @@ def _model_dir(args, work: Path) -> Path:
 
 
 def engine(args, work: Path) -> dict:
-    from infra.bench.policy import PROMPTS, make_checkpoint
+    from infra.bench.policy.client_load import PROMPTS
+    from infra.bench.policy.reload import make_checkpoint
     from producers.policy.engine import LocalEngine, SamplingParams
 
     base = _model_dir(args, work)

@@ -204,7 +204,7 @@ def leaderboard_cmd(args) -> int:
 
 
 def trajectory_cmd(args) -> int:
-    from infra.clickhouse.browse import trajectory_scores
+    from infra.clickhouse.browse.trajectory_detail import trajectory_scores
 
     client = _client(args)
     try:
@@ -222,7 +222,8 @@ def trajectory_cmd(args) -> int:
 
 
 def trajectories_cmd(args) -> int:
-    from infra.clickhouse.browse import parse_filter, trajectory_page
+    from infra.clickhouse.browse.filters import parse_filter
+    from infra.clickhouse.browse.trajectory_list import trajectory_page
 
     given = {
         k[len("filter_") :]: v for k, v in vars(args).items() if k.startswith("filter_") and v is not None

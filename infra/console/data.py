@@ -16,8 +16,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from infra.clickhouse import browse
 from infra.clickhouse.analytics import BOOTSTRAP_RESAMPLES, BY_CHOICES, leaderboard_report
+from infra.clickhouse.browse.filters import EARLIEST, LATEST, parse_filter
+from infra.clickhouse.browse.overview import COUNTS_SQL, dead_letters_sql, reward_by_step_sql
+from infra.clickhouse.browse.training import training_page
+from infra.clickhouse.browse.trajectory_detail import trajectory_detail
+from infra.clickhouse.browse.trajectory_list import trajectory_page
 from infra.clickhouse.sql import run, run_dicts
 from infra.clickhouse.versions import reward_versions
 from infra.console.config import ConsoleConfig
@@ -118,8 +122,8 @@ class ConsoleData:
     def overview(self) -> dict[str, Any]:
         """Kafka: records and rate per topic, lag per consumer group, DLQ records; ClickHouse:
         row counts and the latest dead letters with their reason and source coordinates."""
-        counts = self.clickhouse.call(lambda c: run_dicts(c, browse.COUNTS_SQL)[0])
-        letters = self.clickhouse.call(run_dicts, browse.dead_letters_sql(self.config.dead_letters_shown))
+        counts = self.clickhouse.call(lambda c: run_dicts(c, COUNTS_SQL)[0])
+        letters = self.clickhouse.call(run_dicts, dead_letters_sql(self.config.dead_letters_shown))
         return {"kafka": self._kafka(), "counts": counts, "dead_letters": letters, "at": time.time()}
 
     def _kafka(self) -> dict[str, Any]:
@@ -165,14 +169,14 @@ class ConsoleData:
     # --- trajectories --------------------------------------------------------------------------
 
     def trajectories(self, query: dict[str, str]) -> dict[str, Any]:
-        page_filter = browse.parse_filter(query, page_size=self.config.page_size)
-        return {"filter": page_filter, **self.clickhouse.call(browse.trajectory_page, page_filter)}
+        page_filter = parse_filter(query, page_size=self.config.page_size)
+        return {"filter": page_filter, **self.clickhouse.call(trajectory_page, page_filter)}
 
     def trajectory(self, trajectory_id: str, reward_version: str | None = None) -> dict[str, Any] | None:
         if not trajectory_id or len(trajectory_id) > 200:
             return None
         version = (reward_version or "").strip() or None
-        return self.clickhouse.call(browse.trajectory_detail, trajectory_id, version)
+        return self.clickhouse.call(trajectory_detail, trajectory_id, version)
 
     # --- leaderboard and training --------------------------------------------------------------
 
@@ -191,7 +195,7 @@ class ConsoleData:
             )
         )
         known = self.clickhouse.call(lambda c: reward_versions(lambda sql: run(c, sql)))
-        by_step = self.clickhouse.call(run_dicts, browse.reward_by_step_sql(domain))
+        by_step = self.clickhouse.call(run_dicts, reward_by_step_sql(domain))
         version = {**choice.as_dict(), "text": choice.describe(), "requested": requested}
         return {
             "by": by, "domain": domain, "since": since, "rows": rows, "reward_by_step": by_step,
@@ -199,7 +203,7 @@ class ConsoleData:
         }  # fmt: skip
 
     def training(self) -> dict[str, Any]:
-        return self.clickhouse.call(browse.training)
+        return self.clickhouse.call(training_page)
 
     def lineage(self, version: str) -> dict[str, Any] | None:
         """What trained `version` (`agentstream lineage`'s walk); None for an unknown version."""
@@ -224,7 +228,7 @@ def _check_day(text: str) -> None:
         day = date.fromisoformat(text)
     except ValueError:
         raise FilterError("since", text, "must be a day, e.g. 2026-11-25") from None
-    if not browse.EARLIEST.date() <= day <= browse.LATEST.date():
+    if not EARLIEST.date() <= day <= LATEST.date():
         raise FilterError(
-            "since", text, f"must be from {browse.EARLIEST:%Y-%m-%d} to {browse.LATEST:%Y-%m-%d}"
+            "since", text, f"must be from {EARLIEST:%Y-%m-%d} to {LATEST:%Y-%m-%d}"
         )

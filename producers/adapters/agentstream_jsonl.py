@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from producers.adapters.base import AdapterError, Document, Rejection, describe
+from producers.adapters.contract import Document, Rejection
+from producers.adapters.fields import describe
+from producers.errors import AdapterError
 from schemas.codec import validate
 from schemas.errors import DecodeError
 from schemas.events import EventBase

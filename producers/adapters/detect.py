@@ -17,7 +17,9 @@ from producers.adapters import (
     openhands,
     swe_agent,
 )
-from producers.adapters.base import AdapterError, Document, shape_of
+from producers.adapters.contract import Document
+from producers.adapters.fields import shape_of
+from producers.errors import AdapterError
 
 ADAPTERS: dict[str, ModuleType] = {
     module.name: module

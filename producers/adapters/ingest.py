@@ -27,10 +27,12 @@ import orjson
 from pydantic import ValidationError
 
 from producers.adapters.agentstream_jsonl import ReadyEvents
-from producers.adapters.base import AdapterError, Overrides, Rejection, build_events, load_document
+from producers.adapters.contract import Rejection, load_document
 from producers.adapters.detect import FORMATS, adapter_for, detect_format
+from producers.adapters.events import Overrides, build_events
+from producers.errors import AdapterError
 from producers.redaction import Redactor
-from producers.redaction_settings import load_redactor
+from producers.redaction_settings import load_redactor, settings_file_option
 from schemas.codec import field_errors
 from schemas.events import EventBase
 
@@ -199,14 +201,7 @@ class IngestConfig:
     agent: str = field(default="", metadata={"help": "agent name for every episode (default: from the log)"})
     model: str = field(default="", metadata={"help": "model name for every episode (default: from the log)"})
     dry_run: bool = field(default=False, metadata={"help": "convert and summarise, publish nothing"})
-    settings_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "YAML settings file (its `redaction:` section); default <data dir>/settings.yaml "
-            "when it exists",
-            "env": "AGENTSTREAM_SETTINGS_FILE",
-        },
-    )
+    settings_file: str | None = settings_file_option()
 
 
 def ingest(

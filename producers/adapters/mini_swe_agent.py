@@ -28,18 +28,9 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from producers.adapters.base import (
-    AdapterError,
-    Document,
-    EpisodeDraft,
-    Rejection,
-    StepDraft,
-    as_int,
-    describe,
-    non_negative,
-    parse_timestamp,
-    text_of,
-)
+from producers.adapters.contract import Document, EpisodeDraft, Rejection, StepDraft
+from producers.adapters.fields import as_int, describe, non_negative, parse_timestamp, text_of
+from producers.errors import AdapterError
 
 name = "mini-swe-agent"
 

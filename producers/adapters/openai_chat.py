@@ -25,24 +25,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from producers.adapters.base import (
-    AdapterError,
-    Document,
-    EpisodeDraft,
-    Rejection,
-    StepDraft,
+from producers.adapters.chat_transcripts import (
     apply_chat_outcome,
     chat_drafts,
     chat_episodes,
     chat_task_id,
-    json_args,
-    non_negative,
-    parse_timestamp,
-    shape_of,
     sum_step_tokens,
-    text_of,
 )
+from producers.adapters.contract import Document, EpisodeDraft, Rejection, StepDraft
+from producers.adapters.fields import json_args, non_negative, parse_timestamp, shape_of, text_of
 from producers.adapters.tools import normalise_tool
+from producers.errors import AdapterError
 
 name = "openai"
 

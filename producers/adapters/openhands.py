@@ -41,12 +41,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from producers.adapters.base import (
-    AdapterError,
-    Document,
-    EpisodeDraft,
-    Rejection,
-    StepDraft,
+from producers.adapters.contract import Document, EpisodeDraft, Rejection, StepDraft
+from producers.adapters.fields import (
     as_int,
     describe,
     json_args,
@@ -56,6 +52,7 @@ from producers.adapters.base import (
     text_of,
 )
 from producers.adapters.tools import normalise_tool
+from producers.errors import AdapterError
 
 name = "openhands"
 

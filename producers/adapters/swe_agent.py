@@ -26,17 +26,10 @@ from typing import Any
 
 import orjson
 
-from producers.adapters.base import (
-    AdapterError,
-    Document,
-    EpisodeDraft,
-    Rejection,
-    StepDraft,
-    describe,
-    non_negative,
-    text_of,
-)
+from producers.adapters.contract import Document, EpisodeDraft, Rejection, StepDraft
+from producers.adapters.fields import describe, non_negative, text_of
 from producers.adapters.tools import EDITOR_TOOLS, normalise_tool
+from producers.errors import AdapterError
 
 name = "swe-agent"
 

@@ -6,15 +6,16 @@ of JSON-able dicts, a faust table in the worker (changelog-backed) or a plain di
 
 - `state[trajectory_id]`: the rule chosen at `episode.started`, task and domain, the steps kept
   for context / trajectory mode, the steps waiting to fill a step batch, and whether it ended.
-- `groups[group_id]`: the ended members of a group-mode group until the group is judged.
+- `groups[group_id]`: the ended members of a group-mode group until the group is judged
+  (streams/judge/groups.py).
 
-Per batch of records it updates the state in order, collects the calls to make, runs them all at
-once (the client's semaphore bounds concurrency; cache, budget and settlement in
-streams/judge/calls.py), and returns the events. It never invents a score: a call that fails, is
-over budget or cannot be parsed gives `reward.judge.failed`. A request the budget refused is
-parked in the state record it came from and run again once its window reopens
-(streams/judge/retry.py), by the timer that runs `flush_stale_steps`; its scores then follow the
-`budget_paused` events and replace them.
+Per batch of records it updates the state in order, collects the calls to make (built by
+streams/judge/request_builders.py), runs them all at once (the client's semaphore bounds
+concurrency; cache, budget and settlement in streams/judge/calls.py), and returns the events. It
+never invents a score: a call that fails, is over budget or cannot be parsed gives
+`reward.judge.failed`. A request the budget refused is parked in the state record it came from and
+run again once its window reopens (streams/judge/retry.py), by the timer that runs
+`flush_stale_steps`; its scores then follow the `budget_paused` events and replace them.
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ from streams.judge.cache import ReplyCache
 from streams.judge.calls import JudgeCalls, JudgeStats, Outcome
 from streams.judge.client import JudgeClient
 from streams.judge.config import JudgeConfig
+from streams.judge.groups import add_member, close_group
 from streams.judge.pricing import require_prices
-from streams.judge.prompt import group_prompt, step_prompt, trajectory_prompt
-from streams.judge.requests import JudgeRequest, Target
+from streams.judge.request_builders import group_request, step_request, trajectory_request
+from streams.judge.requests import JudgeRequest
 from streams.judge.retry import has_parked, keys_with_parked, park, parked_at, request_from, take_due
-from streams.judge.rubrics import RubricCatalog
+from streams.judge.rubrics import RubricCatalog, RubricSet
 from streams.judge.selection import JudgeRule, JudgeRules
 from streams.judge.state import (
     StagedState,
@@ -49,8 +51,6 @@ from streams.judge.state import (
     raw_updates,
     rule_of,
     step_dict,
-    step_view,
-    trajectory_view,
 )
 
 log = logging.getLogger(__name__)
@@ -321,7 +321,7 @@ class JudgeProcessor:
             result.forwards.append((rec["group_id"].encode(), orjson.dumps(member)))
             requests = []
         else:
-            requests = [self._trajectory_request(tid, rec, rule)]
+            requests = [trajectory_request(tid, rec, self._rubrics(rec, rule), self.config)]
         rec.update(done=True, done_at=self.wall(), steps=[], pending=[])
         return requests
 
@@ -330,7 +330,7 @@ class JudgeProcessor:
         requests = []
         while rec["pending"] and (final or len(rec["pending"]) >= rule.batch_steps):
             batch, rec["pending"] = rec["pending"][: rule.batch_steps], rec["pending"][rule.batch_steps :]
-            requests.append(self._step_request(tid, rec, rule, batch))
+            requests.append(step_request(tid, rec, rule, batch, self._rubrics(rec, rule), self.config))
         if rec["pending"]:
             self.pending_since.setdefault(tid, self.wall())
         else:
@@ -341,79 +341,19 @@ class JudgeProcessor:
 
     # --- requests ---------------------------------------------------------------------------------
 
-    def _rubrics(self, domain: str, rule: JudgeRule):
-        return self.catalog.for_domain(domain).only(rule.rubrics)
-
-    def _step_request(self, tid: str, rec: dict, rule: JudgeRule, indices: list[int]) -> JudgeRequest:
-        by_index = {s["i"]: s for s in rec["steps"]}
-        steps = [by_index[i] for i in indices]
-        first = min(indices)
-        context = [s for s in sorted(rec["steps"], key=lambda s: s["i"]) if s["i"] < first][
-            -rule.context_steps :
-        ]
-        rubrics = self._rubrics(rec.get("domain", "generic"), rule)
-        prompt = step_prompt(
-            rec.get("task", ""),
-            rubrics,
-            [step_view(s) for s in steps],
-            [step_view(s) for s in context] if rule.context_steps else [],
-            self.config.observation_chars,
-        )
-        targets = [Target(tid, s["eid"], step_index=s["i"]) for s in steps]
-        return JudgeRequest("step", prompt, rubrics, targets, model=self.config.model)
-
-    def _trajectory_request(self, tid: str, rec: dict, rule: JudgeRule) -> JudgeRequest:
-        rubrics = self._rubrics(rec.get("domain", "generic"), rule)
-        view = trajectory_view("T1", rec["steps"], rec.get("ended"))
-        prompt = trajectory_prompt(rec.get("task", ""), rubrics, view, self.config.observation_chars * 4)
-        target = Target(tid, rec["ended"]["event_id"], label="T1", group_id=rec.get("group_id"))
-        return JudgeRequest("trajectory", prompt, rubrics, [target], model=self.config.model)
+    def _rubrics(self, record: dict, rule: JudgeRule) -> RubricSet:
+        """The rubrics `rule` names, from the catalogue of the record's (trajectory's or group's) domain."""
+        return self.catalog.for_domain(record.get("domain", "generic")).only(rule.rubrics)
 
     def _add_member(self, member: dict) -> list[JudgeRequest]:
-        group_id = member["group_id"]
-        group = self.groups.get(group_id) or {
-            "task": member.get("task", ""),
-            "domain": member.get("domain", "generic"),
-            "rule": member["rule"],
-            "expected": member.get("expected"),
-            "members": {},
-            "done": False,
-        }
-        if member["trajectory_id"] in group.get("judged", ()):
-            return []  # forwarded again after a restart: already judged with its group
-        if group["done"]:
-            group = {**group, "members": {}, "done": False}  # a late member: judged on its own
-        group["members"][member["trajectory_id"]] = member
-        group["last_seen"] = self.wall()
-        expected = group.get("expected")
-        if expected and len(group["members"]) >= expected:
-            request = self._close_group(group_id, group)
-            return [request]
-        self.groups[group_id] = group
-        return []
+        group = add_member(self.groups, member, self.wall())
+        return [] if group is None else [self._close_group(member["group_id"], group)]
 
     def _close_group(self, group_id: str, group: dict) -> JudgeRequest:
         rule = JudgeRule.model_validate(group["rule"])
-        rubrics = self._rubrics(group.get("domain", "generic"), rule)
-        members = [group["members"][k] for k in sorted(group["members"])]
-        labels = [f"T{i + 1}" for i in range(len(members))]
-        views = [
-            trajectory_view(lbl, m["steps"], m.get("ended")) for lbl, m in zip(labels, members, strict=True)
-        ]
-        prompt = group_prompt(group.get("task", ""), rubrics, views, self.config.observation_chars * 2)
-        targets = [
-            Target(m["trajectory_id"], m["ended"]["event_id"], label=lbl, group_id=group_id)
-            for lbl, m in zip(labels, members, strict=True)
-        ]
-        judged = sorted({*group.get("judged", ()), *group["members"]})
-        self.groups[group_id] = {
-            **group,
-            "members": {},
-            "done": True,
-            "judged": judged,
-            "done_at": self.wall(),
-        }
-        return JudgeRequest("group", prompt, rubrics, targets, model=self.config.model)
+        request = group_request(group_id, group, self._rubrics(group, rule), self.config)
+        close_group(self.groups, group_id, group, self.wall())
+        return request
 
     # --- calls ------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from clients.kafka import make_producer, read_to_end
-from infra.bench.policy import make_checkpoint  # a LoRA checkpoint laid out as the executor writes it
+from infra.bench.policy.reload import make_checkpoint  # a LoRA checkpoint laid out as the executor writes it
 from schemas.codec import decode, encode, encode_key
 from schemas.events import PolicyUpdated, StepRecorded, utc_now
 from schemas.ids import new_event_id

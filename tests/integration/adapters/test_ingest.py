@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.adapters.base import load_document
+from producers.adapters.contract import load_document
 from producers.adapters.detect import ADAPTERS, FORMATS, detect_format, scores
 from producers.adapters.ingest import convert_file
 from tests.support.processes import AGENTSTREAM, REPO
@@ -84,7 +84,7 @@ def test_same_bytes_give_the_same_ids_and_other_bytes_other_ids(tmp_path):
 
 
 def test_overrides_replace_domain_agent_model():
-    from producers.adapters.base import Overrides
+    from producers.adapters.events import Overrides
 
     path = FIXTURES / "openai/finetune.jsonl"
     report = convert_file(path, path.read_bytes(), MTIME, overrides=Overrides("support", "bot-7", "m-1"))

@@ -59,7 +59,7 @@ def test_the_policy_benchmark_writes_throughput_overhead_and_reload_figures(tmp_
 def test_without_cuda_the_gpu_comparison_says_why_it_was_skipped(tmp_path, monkeypatch):
     import torch
 
-    from infra.bench.policy import gpu_comparison
+    from infra.bench.policy.gpu import gpu_comparison
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     skipped = gpu_comparison(argparse.Namespace(gpu=True, max_tokens=4, repeats=1), tmp_path)
@@ -68,7 +68,7 @@ def test_without_cuda_the_gpu_comparison_says_why_it_was_skipped(tmp_path, monke
 
 def test_the_gpu_comparison_runs_on_cpu_with_a_small_shape(tmp_path):
     """The same code path as `--gpu`, on a model small enough for CPU: both engines generate."""
-    from infra.bench.policy import compare_generate
+    from infra.bench.policy.gpu import compare_generate
 
     result = compare_generate(tmp_path / "model", "cpu", {"hidden_size": 64, "layers": 2}, 8, 1, prompts=2)
     assert result["tokens_per_s"]["ours"] > 0 and result["tokens_per_s"]["theirs"] > 0

@@ -16,7 +16,9 @@ from clients.clickhouse.client import chdb_path, connect
 from clients.clickhouse.migrate import load_migrations
 from consumers.sink.rows import COLUMNS, rows_for
 from infra.clickhouse.analytics import leaderboard_report
-from infra.clickhouse.browse import parse_filter, trajectory_page, trajectory_scores
+from infra.clickhouse.browse.filters import parse_filter
+from infra.clickhouse.browse.trajectory_detail import trajectory_scores
+from infra.clickhouse.browse.trajectory_list import trajectory_page
 from infra.clickhouse.sql import run
 from infra.clickhouse.versions import resolve_reward_version
 from infra.errors import FilterError

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from infra.clickhouse.analytics import leaderboard_rows
-from infra.clickhouse.browse import trajectory_scores
+from infra.clickhouse.browse.trajectory_detail import trajectory_scores
 from infra.clickhouse.sql import run
 from producers.gateway.requests import hash_key
 from tests.support.processes import AGENTSTREAM, Proc, free_port, wait_for

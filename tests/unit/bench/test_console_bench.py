@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import tempfile
 
-from infra.bench.console import LONG_ID, server_ms
+from infra.bench.console.measure import server_ms
+from infra.bench.console.workload import LONG_ID
 from infra.cli.main import main
 
 REPEATS = 3

@@ -7,16 +7,9 @@ import base64
 import pytest
 
 from infra.clickhouse.analytics import episode_rewards_sql, trajectory_sql
-from infra.clickhouse.browse import (
-    MAX_PAGE_SIZE,
-    TrajectoryFilter,
-    merge_header,
-    merge_steps,
-    parse_filter,
-    trajectory_count_sql,
-    trajectory_detail_sql,
-    trajectory_list_sql,
-)
+from infra.clickhouse.browse.filters import MAX_PAGE_SIZE, TrajectoryFilter, parse_filter
+from infra.clickhouse.browse.trajectory_detail import merge_header, merge_steps, trajectory_detail_sql
+from infra.clickhouse.browse.trajectory_list import trajectory_count_sql, trajectory_list_sql
 from infra.console.app import presented_key
 from infra.console.charts import line_chart
 from infra.console.config import ConsoleConfig
