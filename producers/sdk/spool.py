@@ -4,7 +4,8 @@ Every event the SDK records passes through here before it is sent, so an event i
 whether or not a broker is reachable. The spool owns files and bytes only; it never talks to Kafka
 (that is `producers.sdk.delivery`).
 
-Layout of one spool directory (one writer process at a time, enforced with `flock` on `lock`)::
+Layout of one spool directory (one writer process at a time, enforced with `flock` on `lock`; a
+process claims a slot under the spool root by taking that lock, see `Spool.open_slot`)::
 
     <data_dir>/spool/<slot>/
         lock                      flock'ed by the process that owns the slot
@@ -27,6 +28,7 @@ offset; see `producers.sdk.delivery` for how that makes replays duplicate-free.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -53,6 +55,7 @@ _FRAME = struct.Struct(">II")
 _BODY = struct.Struct(">HHH")
 SEGMENT_SUFFIX = ".seg"
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+NEW_SLOT_TRIES = 1024  # new slot numbers `open_slot` tries; each one it misses is held by a live process
 
 
 class SpoolRecord(NamedTuple):
@@ -161,20 +164,28 @@ class Spool:
     @classmethod
     def open_slot(cls, root: Path, **kwargs) -> Spool:
         """Open the first free slot under `root`, preferring one a crashed process left undelivered
-        events in (so a restarted producer delivers them first, keeping trajectories in order)."""
+        events in (so a restarted producer delivers them first, keeping trajectories in order).
+
+        Safe for several processes at once: a slot belongs to whoever holds its `flock`, which one
+        process at most can take, so two processes that both saw slot N free (or missing) both try
+        it, one gets it and the other goes on to the next. Only other live processes can hold a
+        lock, so the search for a new slot ends within as many tries as there are openers."""
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
         existing = sorted(
             (p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
         )
-        candidates = sorted(existing, key=lambda p: not has_pending(p))
-        next_index = max((int(p.name) for p in existing), default=-1) + 1
-        for path in [*candidates, root / str(next_index)]:
-            try:
+        for path in sorted(existing, key=lambda p: not has_pending(p)):
+            with contextlib.suppress(SpoolLocked):
                 return cls(path, **kwargs)
-            except SpoolLocked:
-                continue
-        raise SpoolError(f"no free spool slot under {root}")  # unreachable: a new slot is always free
+        first_new = max((int(p.name) for p in existing), default=-1) + 1
+        for index in range(first_new, first_new + NEW_SLOT_TRIES):
+            with contextlib.suppress(SpoolLocked):
+                return cls(root / str(index), **kwargs)
+        raise SpoolError(
+            f"no free spool slot under {root}: slots {first_new}..{first_new + NEW_SLOT_TRIES - 1} "
+            "are all held by other processes"
+        )
 
     def _list_segments(self) -> Iterable[int]:
         for path in self.directory.glob("*" + SEGMENT_SUFFIX):
@@ -387,8 +398,16 @@ def _lock(path: Path) -> int:
 
 
 def has_pending(directory: Path) -> bool:
-    """Whether a spool directory holds records not yet delivered (read without taking the lock)."""
-    segments = sorted(p for p in Path(directory).glob("*" + SEGMENT_SUFFIX))
+    """Whether a spool directory holds records not yet delivered (read without taking the lock, so
+    its owner may delete a delivered segment meanwhile: then it reads again)."""
+    for _ in range(3):
+        with contextlib.suppress(FileNotFoundError):
+            return _has_pending(Path(directory))
+    return True  # its owner keeps rotating segments: in use, and a lock attempt will say so
+
+
+def _has_pending(directory: Path) -> bool:
+    segments = sorted(p for p in directory.glob("*" + SEGMENT_SUFFIX))
     if not segments:
         return False
     delivered = read_delivered(directory)
