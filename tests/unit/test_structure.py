@@ -8,8 +8,9 @@
   imports inside functions count too: they are the same edge);
 - no import strings (`import_module(...)`, `__import__(...)`) in product code, and children started
   by module name (`python -m ...`) only through `infra.runtime.python_module_argv`;
-- no Kafka consumer or producer built outside `clients/` (everything else takes one from the
-  factory in `clients.kafka`, with its one set of limits); tests may build raw ones;
+- no Kafka consumer, producer or admin client built outside `clients/` (everything else takes one
+  from the factory in `clients.kafka`, with its one set of limits); tests may build raw ones;
+- product code never imports the tests (nor starts a tests module as a child);
 - no module over 500 lines; no function over 50 lines unless its docstring says why ("Long: ...").
 
 The checkers are functions of a graph, so the last tests run them on a small tree with a deliberate
@@ -50,7 +51,14 @@ INFRA_RANK = {
     "cli": 8,  # the parser and `main`: nothing imports it
 }
 MODULE_FLAG_HOME = "infra.runtime"  # the one module that writes `"-m"` (python_module_argv)
-KAFKA_CLIENTS = ("KafkaConsumer", "AIOKafkaConsumer", "KafkaProducer", "AIOKafkaProducer")
+KAFKA_CLIENTS = (
+    "KafkaConsumer",
+    "AIOKafkaConsumer",
+    "KafkaProducer",
+    "AIOKafkaProducer",
+    "KafkaAdminClient",
+    "AIOKafkaAdminClient",
+)
 KAFKA_CLIENT_HOME = "clients"  # the one package that builds them (clients.kafka's factory)
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 50
@@ -208,8 +216,8 @@ def module_flags(modules: dict[str, Path], package: str, home: str) -> list[str]
 
 
 def kafka_clients_built(modules: dict[str, Path], home: str) -> list[str]:
-    """Calls that build a Kafka consumer or producer (`KafkaConsumer(...)`, `aiokafka.AIOKafkaProducer(...)`)
-    outside the package `home`."""
+    """Calls that build a Kafka consumer, producer or admin client (`KafkaConsumer(...)`,
+    `aiokafka.AIOKafkaProducer(...)`, `admin.KafkaAdminClient(...)`) outside the package `home`."""
     found = []
     for name, path in modules.items():
         if name.split(".")[0] == home:
@@ -221,6 +229,31 @@ def kafka_clients_built(modules: dict[str, Path], home: str) -> list[str]:
                 if called in KAFKA_CLIENTS:
                     found.append(f"{name}:{node.lineno} {called}(...)")
     return found
+
+
+def uses_of_tests(modules: dict[str, Path]) -> list[str]:
+    """Product modules that use the tests: `import tests...`, `from tests... import ...`, or a child
+    started from a tests module (`python_module_argv("tests....")`). Tests may import the product,
+    never the other way round: an installed product has no tests package."""
+    found = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            found += [f"{name}:{node.lineno} {used}" for used in _tests_named(node)]
+    return found
+
+
+def _tests_named(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and not node.level:
+        names = [node.module or ""]
+    elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        names = [str(node.args[0].value)] if called == "python_module_argv" else []
+    else:
+        return []
+    return [n for n in names if n == "tests" or n.startswith("tests.")]
 
 
 def test_layers_import_only_downward():
@@ -264,6 +297,13 @@ def test_children_started_by_module_name_go_through_one_helper():
 def test_kafka_clients_are_built_only_in_clients():
     found = kafka_clients_built(MODULES, KAFKA_CLIENT_HOME)
     assert not found, "Kafka clients built outside clients/ (use clients.kafka.make_*):\n" + "\n".join(found)
+
+
+def test_product_code_does_not_import_the_tests():
+    found = uses_of_tests(MODULES)
+    assert not found, "product modules using tests/ (move what they need into the product):\n" + "\n".join(
+        found
+    )
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -359,12 +399,33 @@ def test_the_check_reports_kafka_clients_built_outside_clients(tmp_path):
         "clients/kafka.py": "from kafka import KafkaConsumer\n\n\ndef make():\n    return KafkaConsumer()\n",
         "infra/commands/sql.py": "from kafka import KafkaConsumer\n\nc = KafkaConsumer('x')\n",
         "infra/errors.py": "import aiokafka\n\n\ndef p():\n    return aiokafka.AIOKafkaProducer()\n",
+        "infra/status.py": "from kafka import admin\n\nA = admin.KafkaAdminClient(bootstrap_servers='x')\n",
+        "infra/bench/__init__.py": "",
+        "infra/bench/broker.py": "from aiokafka import admin\n\na = admin.AIOKafkaAdminClient()\n",
     }
     _fake_tree(tmp_path, extra)
     modules = modules_under(tmp_path, ["clients", "infra"])
     assert "clients.kafka" in modules
     assert sorted(kafka_clients_built(modules, "clients")) == [
+        "infra.bench.broker:3 AIOKafkaAdminClient(...)",
         "infra.commands.sql:3 KafkaConsumer(...)",
         "infra.errors:5 AIOKafkaProducer(...)",
+        "infra.status:3 KafkaAdminClient(...)",
     ]
-    assert kafka_clients_built(_fake_tree(tmp_path, {}), "clients") == []
+    assert kafka_clients_built(_fake_tree(tmp_path / "clean", {}), "clients") == []
+
+
+def test_the_check_reports_product_code_that_uses_the_tests(tmp_path):
+    extra = {
+        "infra/commands/sql.py": "from tests.support.servers import Fake\nimport tests.support.db as db\n",
+        "infra/cli/main.py": "from infra.runtime import python_module_argv\n\n"
+        "ARGV = python_module_argv('tests.support.servers', '--port', '0')\n",
+        "infra/errors.py": "from .terminal import output\n\nNAME = 'tests.support.servers'\n",
+    }
+    modules = _fake_tree(tmp_path, extra)
+    assert sorted(uses_of_tests(modules)) == [
+        "infra.cli.main:3 tests.support.servers",
+        "infra.commands.sql:1 tests.support.servers",
+        "infra.commands.sql:2 tests.support.db",
+    ]
+    assert uses_of_tests(_fake_tree(tmp_path / "clean", {})) == []

@@ -2,6 +2,6 @@
 (Anthropic Messages API), `chat` (OpenAI-compatible chat completions), `scripted` (what both share:
 latency, scripted replies and failures, the prompt-scoring default, request recording).
 
-Test doubles, kept out of the product packages. `agentstream bench judge` also runs `messages` as
-its fixed-latency endpoint (the bench lab runs from a source checkout).
+Test doubles, kept out of the product packages. `messages` takes the Messages API's wire format from
+the product's fixed-latency endpoint of `agentstream bench judge` (infra/bench/judge_endpoint.py).
 """
