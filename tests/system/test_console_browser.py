@@ -56,7 +56,7 @@ class Console:
     supervisor: StackSupervisor
     url: str
     domain: str  # the domain with the most failed episodes
-    annotated: str  # the newest failed trajectory of `domain`, with a human label on HUMAN_STEP
+    annotated: str  # the newest failed trajectory of `domain` that has a step HUMAN_STEP, labelled there
 
     def query(self, sql) -> list[tuple]:
         return self.config.query(sql)
@@ -129,7 +129,7 @@ def console(tmp_path_factory) -> Iterator[Console]:
             "GROUP BY domain ORDER BY n DESC, domain LIMIT 1"
         )[0]
         assert failures > PAGE_SIZE, "the scripted data gives the failed-episode list a single page"
-        stack.annotated = _failed_in(stack, stack.domain)[0]
+        stack.annotated = _with_human_step(stack, _failed_in(stack, stack.domain)[:PAGE_SIZE])
         _annotate(stack, stack.annotated)
         yield stack
     finally:
@@ -141,6 +141,22 @@ def console(tmp_path_factory) -> Iterator[Console]:
 
 def _failed_in(stack: Console, domain: str) -> list[str]:
     return [r[0] for r in stack.query(Sql(FAILED_IN_DOMAIN.text, {"domain": domain}))]
+
+
+def _with_human_step(stack: Console, newest_first: list[str]) -> str:
+    """The first of `newest_first` (the list's first page) that took a step HUMAN_STEP. A scripted
+    episode can end at its first step (a wrong first guess is submitted), and a label on a step that
+    was never taken shows as a step with a human score and no rule score: the data would be right,
+    the test's choice wrong."""
+    took = Sql(
+        "SELECT DISTINCT trajectory_id FROM agentstream.steps FINAL "
+        "WHERE trajectory_id IN {ids:Array(String)} AND step_index = {step:UInt32}",
+        {"ids": newest_first, "step": HUMAN_STEP},
+    )
+    labelled = {row[0] for row in stack.query(took)}
+    chosen = [tid for tid in newest_first if tid in labelled]
+    assert chosen, f"no failed trajectory on the list's first page has a step {HUMAN_STEP}: {newest_first}"
+    return chosen[0]
 
 
 def _annotate(stack: Console, trajectory_id: str) -> None:
