@@ -113,12 +113,12 @@ def _kafka_env(host_port: int) -> dict[str, str]:
 
 
 def _wait_kafka(bootstrap: str, timeout_s: float) -> None:
-    from kafka import KafkaAdminClient
+    from clients.kafka import make_admin
 
     _wait_until(
         f"Kafka at {bootstrap}",
         timeout_s,
-        lambda: KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000).close(),
+        lambda: make_admin(bootstrap, "agentstream-docker", request_timeout_ms=3000).close(),
     )
 
 

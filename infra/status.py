@@ -28,12 +28,10 @@ class StackStatus:
 
 
 def collect(bootstrap_servers: str, sample_s: float = 1.0) -> StackStatus:
-    from kafka import KafkaAdminClient
-
-    from clients.kafka import make_consumer
+    from clients.kafka import make_admin, make_consumer
 
     consumer = make_consumer(bootstrap_servers, "agentstream-status")
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="agentstream-status")
+    admin = make_admin(bootstrap_servers, "agentstream-status")
     try:
         partitions = topic_partitions(consumer, TOPICS)
         first = consumer.end_offsets(partitions)
@@ -88,14 +86,10 @@ class StatusSampler:
 
     def _connected(self):
         if self._clients is None:
-            from kafka import KafkaAdminClient
-
-            from clients.kafka import make_consumer
+            from clients.kafka import make_admin, make_consumer
 
             consumer = make_consumer(self.bootstrap_servers, "agentstream-console")
-            admin = KafkaAdminClient(
-                bootstrap_servers=self.bootstrap_servers, client_id="agentstream-console"
-            )
+            admin = make_admin(self.bootstrap_servers, "agentstream-console")
             self._clients = (consumer, admin)
         return self._clients
 

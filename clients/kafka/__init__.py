@@ -1,5 +1,5 @@
-"""How every part of agentstream talks to Kafka: one producer / consumer factory with one set of
-limits, topic creation from the registry, and read-to-end.
+"""How every part of agentstream talks to Kafka: one producer / consumer / admin factory with one
+set of limits, topic creation from the registry, and read-to-end.
 
 The parts (none of them creates a client; they take one from this factory):
 - `clients.kafka.ranges`: read a topic range to its end; follow a topic.
@@ -82,6 +82,15 @@ def make_async_consumer(
     )
 
 
+def make_admin(bootstrap_servers: str, client_id: str, **overrides: Any):
+    """A kafka-python `KafkaAdminClient` (topics, consumer groups, committed offsets); `overrides`
+    for what a caller must change (a short `request_timeout_ms` to probe a broker). It connects when
+    built: an unreachable cluster raises a kafka-python `KafkaError` here. The caller closes it."""
+    from kafka.admin import KafkaAdminClient
+
+    return KafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id=client_id, **overrides)
+
+
 def read_to_end(
     bootstrap_servers: str, topics: Iterable[str], timeout_s: float = 30.0, *, strict: bool = False
 ) -> list[Record]:
@@ -102,15 +111,11 @@ def ensure_topics(
     bootstrap_servers: str, specs: Iterable[TopicSpec] | None = None, *, timeout_s: float = 30.0
 ) -> list[str]:
     """Create every registry topic that does not exist yet (idempotent); returns the names created."""
-    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
     specs = list(TOPICS.values() if specs is None else specs)
-    admin = KafkaAdminClient(
-        bootstrap_servers=bootstrap_servers,
-        client_id="agentstream-admin",
-        request_timeout_ms=int(timeout_s * 1000),
-    )
+    admin = make_admin(bootstrap_servers, "agentstream-admin", request_timeout_ms=int(timeout_s * 1000))
     try:
         existing = set(admin.list_topics())
         created = []
