@@ -1,12 +1,9 @@
-"""The training executor: SFT, DPO and GRPO steps on batch files, with LoRA, checkpoints and
-`policy.updated` events. torch / transformers / peft are imported inside functions only.
+"""The training executor: SFT, DPO and GRPO steps on batch rows, with LoRA, and a checkpoint plus
+a `policy.updated` event per version. torch / transformers / peft are imported inside functions only.
 
 - SFT: token NLL on assistant tokens only (observations and prompts are -100), optionally
   step-weighted (w_s = p_s / mean p; a step without a process score weighs 1, never 0).
-- Reference (DPO, and GRPO's KL when `kl_beta` > 0): `--reference base` is the model before any
-  update: the LoRA model with its adapter disabled, or in full fine-tuning a frozen model loaded
-  once from the base weights (never from a resumed checkpoint); `--reference vN` loads that
-  version's checkpoint into a separate frozen model.
+- DPO and GRPO's KL (when `kl_beta` > 0) compare with the reference policy (`reference`).
 - GRPO: whole groups are admitted by staleness first (`offpolicy.admit_groups`); a batch with
   nothing admitted makes no version (its id is recorded, its dropped groups are counted into the
   next update). The loss is the clipped surrogate on the proximal policy (old logprobs: the
@@ -14,8 +11,10 @@
   importance weight min(exp(old - behaviour), C) against the logprobs recorded at sampling time
   (decoupled PPO; w = 1 where none were recorded or with `--is-correction none`), plus the KL term.
 - The learning rate follows `offpolicy.learning_rate_at` per optimizer step from `state.step`.
-- bf16 on GPU, fp32 on CPU. A checkpoint is the adapter (or full model), the optimizer state and
-  `state.json` (step, policy version, batches trained): resuming reloads all three.
+- bf16 on GPU, fp32 on CPU.
+
+The parts around it: `row_tensors` (rows -> padded tensors), `reference` (the reference policy),
+`versions` (the state, the version numbering and the event), `checkpoints` (the files on disk).
 """
 
 from __future__ import annotations
@@ -23,19 +22,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from consumers.batching.batch_writer import atomic_write
-from consumers.batching.chat import Message
-from consumers.batching.tokenize import Encoded, encode_messages
+from consumers.batching.tokenize import Encoded
 from consumers.errors import TrainerError
+from consumers.training import checkpoints
 from consumers.training.config import TrainConfig
 from consumers.training.losses import (
-    IGNORE_INDEX,
     dpo_loss,
     grpo_loss,
     importance_sums,
@@ -50,39 +45,13 @@ from consumers.training.offpolicy import (
     epoch_metrics,
     learning_rate_at,
     lineage_fields,
-    version_number,
 )
-from schemas.events import PolicyUpdated, utc_now
-from schemas.ids import derived_event_id
+from consumers.training.reference import ReferencePolicy
+from consumers.training.row_tensors import collate, encode_row
+from consumers.training.versions import TrainState, policy_event
+from schemas.events import PolicyUpdated
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainState:
-    step: int = 0
-    policy_version: str | None = None
-    batches: list[str] = field(default_factory=list)  # trained or dropped whole (replays skip them)
-    last_event: dict[str, Any] | None = None
-    versions: int = 0  # versions published so far: the next is v{versions + 1}
-    pending_dropped: int = 0  # groups dropped since the last version, reported in the next one
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrainState:
-        """Read `state.json`; one written before the version counter derives it from its version."""
-        known = {f.name for f in fields(cls)}
-        data = {k: v for k, v in data.items() if k in known}
-        data.setdefault("versions", version_number(data.get("policy_version")) or 0)
-        return cls(**data)
-
-
-def _prompt_length(messages: list[Message]) -> int:
-    return next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
-
-
-def _clean(messages: list[Message]) -> list[Message]:
-    """Drop keys that datasets/parquet filled with None, so templates see what producers wrote."""
-    return [{k: v for k, v in m.items() if v is not None} for m in messages]
 
 
 class TrainingExecutor:
@@ -93,7 +62,6 @@ class TrainingExecutor:
         self.data_dir = Path(data_dir)
         self.ckpt_root = self.data_dir / "checkpoints"
         self.state = TrainState()
-        self._ref_model = None
         self._warned_versions: set[str] = set()
         if config.is_correction == "none":
             log.warning(
@@ -130,14 +98,13 @@ class TrainingExecutor:
         torch.manual_seed(self.config.seed)
         device = self._device()
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        base = self.base_path()
-        self.tokenizer = AutoTokenizer.from_pretrained(base)
+        base_dir = self.base_path()
+        self.tokenizer = AutoTokenizer.from_pretrained(base_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        latest = self.latest_checkpoint()
-        if latest is not None and not self.config.lora:
-            base = latest / "model"
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+        latest = checkpoints.latest_checkpoint(self.ckpt_root)
+        weights = latest / "model" if latest is not None and not self.config.lora else base_dir
+        model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype)
         if self.config.lora:
             model = self._with_adapter(model, latest)
         self.model = model.to(device)
@@ -147,8 +114,10 @@ class TrainingExecutor:
             params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay
         )
         if latest is not None:
-            self._resume(latest)
-        self._reference_dir()  # fail at start on a reference version without a checkpoint
+            checkpoints.load_optimizer(self.optimizer, latest, device)
+            self.state = checkpoints.read_state(latest)
+            log.info("executor: resumed %s at step %d", self.state.policy_version, self.state.step)
+        self.reference = ReferencePolicy(self.config, self.ckpt_root, base_dir, device)
 
     def _with_adapter(self, model, checkpoint: Path | None):
         from peft import LoraConfig, PeftModel, get_peft_model
@@ -164,65 +133,20 @@ class TrainingExecutor:
         )
         return get_peft_model(model, lora)
 
-    def _resume(self, checkpoint: Path) -> None:
-        import torch
-
-        self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location=self._device()))
-        self.state = TrainState.from_json(json.loads((checkpoint / "state.json").read_text()))
-        log.info("executor: resumed %s at step %d", self.state.policy_version, self.state.step)
-
-    def latest_checkpoint(self) -> Path | None:
-        pointer = self.ckpt_root / "latest"
-        if not pointer.exists():
-            return None
-        path = self.ckpt_root / pointer.read_text().strip()
-        return path if (path / "state.json").exists() else None
-
     # --- rows -> tensors -----------------------------------------------------------------------
 
     def encode_row(self, row: dict[str, Any], completion_key: str | None = None) -> Encoded:
-        """A row (pre-tokenized, `messages`, or `prompt` + completion) as ids, labels and step ids."""
-        if "input_ids" in row:
-            ids = list(row["input_ids"])
-            steps = list(row.get("step_ids") or [-1] * len(ids))
-            return Encoded(
-                ids, list(row["labels"]), steps, list(row.get("behaviour_logprobs") or [None] * len(ids))
-            )
-        tools = row.get("tools") or None
-        if "messages" in row:
-            messages = _clean(row["messages"])
-            return encode_messages(self.tokenizer, messages, tools, train_from=_prompt_length(messages))
-        prompt = _clean(row["prompt"])
-        completion = _clean(row[completion_key or "completion"])
-        kw = {}
-        if completion_key is None and row.get("step_token_ids") and row.get("step_logprobs"):
-            kw = {"step_tokens": row["step_token_ids"], "step_logprobs": row["step_logprobs"]}
-        return encode_messages(self.tokenizer, prompt + completion, tools, train_from=len(prompt), **kw)
+        """A row (pre-tokenized, `messages`, or `prompt` + completion) with this executor's tokenizer."""
+        return encode_row(self.tokenizer, row, completion_key)
 
     def _collate(self, encoded: list[Encoded], *extras: list[list[float]], keep_end: bool = False):
-        """(ids, labels, attention, [one float tensor per extra]), padded; extras pad with 0."""
-        import torch
+        pad_id, limit = self.tokenizer.pad_token_id, self.config.max_length
+        return collate(
+            encoded, *extras, pad_id=pad_id, max_length=limit, device=self._device(), keep_end=keep_end
+        )
 
-        limit = self.config.max_length
-        cut = (lambda xs: xs[-limit:]) if keep_end else (lambda xs: xs[:limit])
-        rows = [(cut(e.input_ids), cut(e.labels)) for e in encoded]
-        width = max(len(ids) for ids, _ in rows)
-        pad = self.tokenizer.pad_token_id
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        values = [torch.zeros((len(rows), width)) for _ in extras]
-        for i, (row_ids, row_labels) in enumerate(rows):
-            ids[i, : len(row_ids)] = torch.tensor(row_ids)
-            labels[i, : len(row_ids)] = torch.tensor(row_labels)
-            attention[i, : len(row_ids)] = 1
-            for tensor, extra in zip(values, extras, strict=True):
-                tensor[i, : len(row_ids)] = torch.tensor(cut(extra[i]), dtype=torch.float32)
-        device = self._device()
-        return ids.to(device), labels.to(device), attention.to(device), [v.to(device) for v in values]
-
-    def _logits(self, ids, attention, model=None):
-        return (model or self.model)(input_ids=ids, attention_mask=attention).logits
+    def _logits(self, ids, attention):
+        return self.model(input_ids=ids, attention_mask=attention).logits
 
     # --- losses per method ---------------------------------------------------------------------
 
@@ -237,48 +161,6 @@ class TrainingExecutor:
         ids, labels, attention, w = self._collate(encoded, *([weights] if weights else []))
         return sft_loss(self._logits(ids, attention), labels, w[0] if w else None), int(attention.sum())
 
-    # --- the reference policy ------------------------------------------------------------------
-
-    def _reference_dir(self) -> Path | None:
-        """The checkpoint of `--reference vN` (its adapter or model directory); None for base."""
-        if self.config.reference == "base":
-            return None
-        path = self.ckpt_root / self.config.reference
-        for sub in ("adapter", "model"):
-            if (path / sub).is_dir():
-                return path / sub
-        raise TrainerError(
-            f"--reference: no checkpoint for {self.config.reference!r} "
-            f"(expected {path / 'adapter'} or {path / 'model'}); give base or a trained version"
-        )
-
-    def _reference_model(self):
-        """The frozen reference model, loaded once: base weights from disk, or a named version."""
-        if self._ref_model is None:
-            import torch
-            from transformers import AutoModelForCausalLM
-
-            path = self._reference_dir()
-            source = path if path is not None and path.name == "model" else self.base_path()
-            dtype = torch.bfloat16 if self._device().type == "cuda" else torch.float32
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-            if path is not None and path.name == "adapter":
-                from peft import PeftModel
-
-                model = PeftModel.from_pretrained(model, path).merge_and_unload()
-            self._ref_model = model.to(self._device()).eval().requires_grad_(False)
-        return self._ref_model
-
-    def _reference_token_logps(self, ids, labels, attention):
-        """Per-token logprobs under the reference, no grad ([batch, seq-1], 0 off the labels)."""
-        import torch
-
-        with torch.no_grad():
-            if self.config.lora and self.config.reference == "base":
-                with self.model.disable_adapter():
-                    return token_logprobs(self._logits(ids, attention), labels)[0]
-            return token_logprobs(self._logits(ids, attention, self._reference_model()), labels)[0]
-
     def _dpo_micro(self, rows: list[dict[str, Any]]):
         import torch
 
@@ -286,7 +168,7 @@ class TrainingExecutor:
             self.encode_row(r, "rejected") for r in rows
         ]
         ids, labels, attention, _ = self._collate(encoded, keep_end=True)
-        ref = self._reference_token_logps(ids, labels, attention).sum(-1)
+        ref = self.reference.token_logps(self.model, ids, labels, attention).sum(-1)
         policy = token_logprobs(self._logits(ids, attention), labels)[0].sum(-1)
         n = len(rows)
         loss = dpo_loss(policy[:n], policy[n:], ref[:n], ref[n:], self.config.beta)
@@ -379,7 +261,7 @@ class TrainingExecutor:
         has = mask & ~torch.isnan(behaviour)
         truncation = self.config.is_truncation if self.config.is_correction == "tis" else None
         weight, ratio = tis_weights(old, torch.nan_to_num(behaviour), has, truncation)
-        ref = self._reference_token_logps(ids, labels, attention) if self.config.kl_beta else None
+        ref = self.reference.token_logps(self.model, ids, labels, attention) if self.config.kl_beta else None
         stats = importance_sums(ratio, weight, has, truncation)
         return (ids, labels, attention, adv, old.detach(), weight, ref), stats
 
@@ -414,16 +296,23 @@ class TrainingExecutor:
         dropped = (admission.dropped_groups if admission else 0) + self.state.pending_dropped
         metrics["dropped_groups"] = float(dropped)
         metrics["trained_groups"] = float(admission.trained_groups if admission else 0)
-        previous = self.state.policy_version
-        self.state.versions += 1
-        self.state.policy_version = f"v{self.state.versions}"
-        self.state.batches.append(batch_id)
-        self.state.pending_dropped = 0
+        previous = self.state.next_version(batch_id)
         lineage = lineage_fields(admission.rows if admission else rows, admission)
         lineage |= {"source_ranges": source_ranges or {}, "dropped_groups": dropped}
-        event = self.policy_event(previous, method, [batch_id], metrics, **lineage)
+        event = policy_event(
+            self.state,
+            self.config.base_model,
+            self.ckpt_root,
+            previous,
+            method,
+            [batch_id],
+            metrics,
+            **lineage,
+        )
         self.state.last_event = json.loads(event.model_dump_json())
-        self.save_checkpoint()
+        checkpoints.save_checkpoint(
+            self.ckpt_root, self.state, self.model, self.tokenizer, self.optimizer, self.config.lora
+        )
         log.info(
             "executor: %s on %s -> %s (loss %.4f, %d groups dropped)",
             method, batch_id, self.state.policy_version, metrics["loss"], dropped,
@@ -431,58 +320,12 @@ class TrainingExecutor:
         return event
 
     def _drop_batch(self, batch_id: str, admission: Admission) -> None:
-        self.state.batches.append(batch_id)
-        self.state.pending_dropped += admission.dropped_groups
-        self.save_state()
+        self.state.drop_batch(batch_id, admission.dropped_groups)
+        checkpoints.save_state(self.ckpt_root, self.state)
         log.warning(
             "executor: %s: all %d groups over --max-staleness %d behind %s; dropped, no new version",
             batch_id, admission.dropped_groups, self.config.max_staleness, self.state.policy_version,
         )  # fmt: skip
-
-    def policy_event(
-        self, previous, method: str, batch_ids: list[str], metrics: dict[str, float], **lineage: Any
-    ) -> PolicyUpdated:
-        """The event of the current version; `lineage` fills PolicyUpdated's lineage fields."""
-        version = self.state.policy_version
-        return PolicyUpdated(
-            event_id=derived_event_id("policy.updated", version, *batch_ids),
-            trajectory_id=version,
-            occurred_at=utc_now(),
-            producer="trainer-executor",
-            policy_version=version,
-            previous_version=previous,
-            base_model=self.config.base_model,
-            checkpoint_path=str(self.ckpt_root / version),
-            method=method,
-            step=self.state.step,
-            batch_ids=batch_ids,
-            metrics=metrics,
-            **lineage,
-        )
-
-    def save_state(self) -> None:
-        """Rewrite the current version's `state.json` (weights unchanged: a dropped batch)."""
-        path = self.ckpt_root / str(self.state.policy_version)
-        if self.state.policy_version is not None and path.is_dir():
-            atomic_write(path / "state.json", json.dumps(asdict(self.state), indent=2).encode())
-
-    def save_checkpoint(self) -> Path:
-        import torch
-
-        path = self.ckpt_root / str(self.state.policy_version)
-        path.mkdir(parents=True, exist_ok=True)
-        if self.config.lora:
-            self.model.save_pretrained(path / "adapter")
-        else:
-            self.model.save_pretrained(path / "model")
-            self.tokenizer.save_pretrained(path / "model")
-        tmp = path / "optimizer.pt.tmp"
-        torch.save(self.optimizer.state_dict(), tmp)
-        os.replace(tmp, path / "optimizer.pt")
-        state = asdict(self.state)
-        atomic_write(path / "state.json", json.dumps(state, indent=2).encode())
-        atomic_write(self.ckpt_root / "latest", path.name.encode())  # the commit point of a checkpoint
-        return path
 
     def logits(self, input_ids: list[int]):
         """Logits of one sequence (eval mode, no grad) — for checks and tests."""

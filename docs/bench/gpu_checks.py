@@ -199,7 +199,7 @@ def _engine_reads_trainer(args, base: Path, executor, row: dict) -> dict:
 
 
 def _config(args, base: Path):
-    from consumers.training.executor import TrainConfig
+    from consumers.training.config import TrainConfig
 
     return TrainConfig(
         base_model=str(base), micro_batch_size=args.train_rows, device=args.device, max_length=1024

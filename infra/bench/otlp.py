@@ -82,7 +82,9 @@ def _as_events(request) -> bytes:
     """The events the gateway maps `request` to, as the JSON array `/v1/events` takes."""
     import orjson
 
-    from producers.gateway.otlp.mapping import StepCursor, map_spans, spans_of
+    from producers.gateway.otlp.mapping import map_spans
+    from producers.gateway.otlp.spans import spans_of
+    from producers.gateway.otlp.step_cursor import StepCursor
 
     events = map_spans(spans_of(request), StepCursor()).events
     return orjson.dumps([e.model_dump(mode="json") for e in events])
@@ -98,7 +100,7 @@ def _attrs(span, values: dict) -> None:
 
 
 def bodies(requests: int, spans_per_request: int, fmt: str, seed: int) -> list[bytes]:
-    from producers.gateway.otlp.mapping import request_to_json
+    from producers.gateway.otlp.spans import request_to_json
 
     traces = max(1, spans_per_request // SPANS_PER_TRACE)
     out = []

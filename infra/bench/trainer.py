@@ -145,7 +145,8 @@ def _training_rows(args):
 
 def training_rows(args, data_dir: Path) -> tuple[list[dict], dict]:
     from consumers.tiny_model import build_model, train_tokenizer
-    from consumers.training.executor import TrainConfig, TrainingExecutor
+    from consumers.training.config import TrainConfig
+    from consumers.training.executor import TrainingExecutor
 
     tokenizer = train_tokenizer()
     model_dir = data_dir / "models" / "tiny"

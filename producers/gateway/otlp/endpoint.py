@@ -16,7 +16,7 @@ Events and dead letters go through the gateway's own `_publish` / `_send_dead_le
 included), which `create_app` passes to `add_otlp_routes` (the gateway imports this module, so this
 module cannot import them). The step cursor lives in the application, one per gateway process:
 `producers.gateway.otlp.step_cursor.DurableStepCursor` on disk under the data directory, or
-`producers.otlp.StepCursor` in memory when no path is configured (benchmarks).
+`producers.gateway.otlp.step_cursor.StepCursor` in memory when no path is configured (benchmarks).
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from typing import Any
 import orjson
 
 from producers.errors import RequestRejected
-from producers.gateway.otlp.mapping import MEDIA_TYPES, Mapped, StepCursor, map_spans, span_json, spans_of
-from producers.gateway.otlp.step_cursor import DurableStepCursor
+from producers.gateway.otlp.mapping import Mapped, map_spans
+from producers.gateway.otlp.spans import MEDIA_TYPES, span_json, spans_of
+from producers.gateway.otlp.step_cursor import DurableStepCursor, StepCursor
 from producers.gateway.requests import (
     GatewayConfig,
     content_encoding,

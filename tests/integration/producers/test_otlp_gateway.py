@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from producers.gateway.otlp.mapping import request_to_json
+from producers.gateway.otlp.spans import request_to_json
 from producers.gateway.server import hash_key
 from schemas.topics import AGENT_EVENTS, DLQ
 from tests.support.broker import start_broker

@@ -17,7 +17,9 @@ from opentelemetry.trace import Status, StatusCode
 
 from producers.errors import RequestRejected
 from producers.gateway.otlp.endpoint import decode_request
-from producers.gateway.otlp.mapping import StepCursor, map_spans, request_to_json, spans_of
+from producers.gateway.otlp.mapping import map_spans
+from producers.gateway.otlp.spans import request_to_json, spans_of
+from producers.gateway.otlp.step_cursor import StepCursor
 from schemas.events import EpisodeEnded, EpisodeStarted, StepRecorded
 
 

@@ -14,8 +14,9 @@ from consumers.batching.builders import (
     SFTBuilderConfig,
     StepPairBuilder,
 )
-from consumers.training.executor import TrainConfig, TrainingExecutor, step_weights
-from consumers.training.losses import IGNORE_INDEX
+from consumers.training.config import TrainConfig
+from consumers.training.executor import TrainingExecutor
+from consumers.training.losses import IGNORE_INDEX, step_weights
 from consumers.training.offpolicy import truncated_weight
 from tests.support.trainer_data import golden_group
 

@@ -1,0 +1,69 @@
+"""Batch rows as model inputs: a row (pre-tokenized, `messages`, or `prompt` + a completion) as
+token ids, labels (-100 off the assistant's tokens), step ids and behaviour logprobs; encoded rows
+padded into tensors. torch is imported inside functions only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from consumers.batching.chat import Message
+from consumers.batching.tokenize import Encoded, encode_messages
+from consumers.training.losses import IGNORE_INDEX
+
+
+def _prompt_length(messages: list[Message]) -> int:
+    return next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+
+
+def _clean(messages: list[Message]) -> list[Message]:
+    """Drop keys that datasets/parquet filled with None, so templates see what producers wrote."""
+    return [{k: v for k, v in m.items() if v is not None} for m in messages]
+
+
+def encode_row(tokenizer, row: dict[str, Any], completion_key: str | None = None) -> Encoded:
+    """A row (pre-tokenized, `messages`, or `prompt` + completion) as ids, labels and step ids."""
+    if "input_ids" in row:
+        ids = list(row["input_ids"])
+        steps = list(row.get("step_ids") or [-1] * len(ids))
+        return Encoded(
+            ids, list(row["labels"]), steps, list(row.get("behaviour_logprobs") or [None] * len(ids))
+        )
+    tools = row.get("tools") or None
+    if "messages" in row:
+        messages = _clean(row["messages"])
+        return encode_messages(tokenizer, messages, tools, train_from=_prompt_length(messages))
+    prompt = _clean(row["prompt"])
+    completion = _clean(row[completion_key or "completion"])
+    kw = {}
+    if completion_key is None and row.get("step_token_ids") and row.get("step_logprobs"):
+        kw = {"step_tokens": row["step_token_ids"], "step_logprobs": row["step_logprobs"]}
+    return encode_messages(tokenizer, prompt + completion, tools, train_from=len(prompt), **kw)
+
+
+def collate(
+    encoded: list[Encoded],
+    *extras: list[list[float]],
+    pad_id: int,
+    max_length: int,
+    device,
+    keep_end: bool = False,
+):
+    """(ids, labels, attention, [one float tensor per extra]) on `device`, padded; extras pad with 0.
+    Rows longer than `max_length` keep their start, or their end with `keep_end`."""
+    import torch
+
+    cut = (lambda xs: xs[-max_length:]) if keep_end else (lambda xs: xs[:max_length])
+    rows = [(cut(e.input_ids), cut(e.labels)) for e in encoded]
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    values = [torch.zeros((len(rows), width)) for _ in extras]
+    for i, (row_ids, row_labels) in enumerate(rows):
+        ids[i, : len(row_ids)] = torch.tensor(row_ids)
+        labels[i, : len(row_ids)] = torch.tensor(row_labels)
+        attention[i, : len(row_ids)] = 1
+        for tensor, extra in zip(values, extras, strict=True):
+            tensor[i, : len(row_ids)] = torch.tensor(cut(extra[i]), dtype=torch.float32)
+    return ids.to(device), labels.to(device), attention.to(device), [v.to(device) for v in values]
