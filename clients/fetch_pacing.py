@@ -25,12 +25,31 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
+
+from schemas.config_fields import option
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_MS = 500  # aiokafka's own default fetch_max_wait_ms
 QUIET_MS = 250  # empty fetches for this long before the fetcher long-polls
 FETCHER_ATTRIBUTES = ("_fetch_min_bytes", "_fetch_max_wait_ms", "_proc_fetch_request")
+IDLE_WAIT_HELP = (
+    f"once fetches have returned nothing for {QUIET_MS} ms, the next one waits for the first byte, "
+    "up to this long, instead of polling every --fetch-max-wait-ms (0: always as sized)"
+)
+
+
+def min_bytes_option(default: int) -> Any:
+    """The `fetch_min_bytes` field of a consumer's config (the sink's, the batch builder's)."""
+    return option(
+        default, "the broker answers a fetch once this many bytes are ready, or after the wait", ge=1
+    )
+
+
+def max_wait_option(default: int) -> Any:
+    """The `fetch_max_wait_ms` field of a consumer's config (the sink's, the batch builder's)."""
+    return option(default, "longest the broker holds a fetch waiting for --fetch-min-bytes", ge=0)
 
 
 @dataclass

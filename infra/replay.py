@@ -22,7 +22,7 @@ same way is the same batch). They run in phases (`PHASES`): the judge first, the
 trainer; a phase's derived sources (`UPSTREAM`: reward.judge, trajectory.scored) are measured again
 once the roles writing them are done, so it reads everything the replay made. A role's own internal
 topics (`INTERNAL`: the judge's group-mode forwards) are measured once its sources are caught up.
-`MERGED` names roles of earlier releases and what replaces them.
+Roles of earlier releases (`streams.config.MERGED_ROLES`) are refused saying what replaces them.
 
 This module owns the plan (offsets, group names), the lag and the wait; the workers themselves are
 `agentstream worker` / `agentstream trainer` in child processes (infra.supervisor, run by
@@ -39,6 +39,8 @@ from datetime import UTC, datetime
 
 from infra.errors import InfraError
 from schemas import topics
+from streams.config import check_roles as check_stream_roles
+from streams.errors import WorkerConfigError
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +61,6 @@ UPSTREAM: dict[str, dict[str, str]] = {
 INTERNAL: dict[str, tuple[str, ...]] = {"judge": ("judge-groups",)}
 # Roles of a phase run together; a phase starts when the one before it is caught up.
 PHASES: tuple[tuple[str, ...], ...] = (("judge",), ("scoring",), ("trainer",))
-# Roles of earlier releases: the rule rewards and the assembler are one role now.
-MERGED: dict[str, str] = {
-    "rules": "scoring",
-    "assembler": "scoring",
-}
 
 
 class ReplayError(InfraError):
@@ -131,22 +128,15 @@ def upstream_topics(plan: ReplayPlan, role: str, done: tuple[str, ...]) -> tuple
 
 
 def check_roles(roles: tuple[str, ...]) -> tuple[str, ...]:
-    """The roles, checked: known and replayable now.
+    """The roles, checked: known and replayable now (the stream roles' check, with `SOURCES`).
 
     >>> check_roles(("scoring", "trainer"))
     ('scoring', 'trainer')
     """
-    for role in roles:
-        if role in MERGED:
-            raise ReplayError(
-                f"--roles: {role!r} is no longer a role: the rule rewards and the assembler run as "
-                f"one role, --roles {MERGED[role]} (replayable: {', '.join(SOURCES)})"
-            )
-        if role not in SOURCES:
-            raise ReplayError(f"--roles: unknown role {role!r} (replayable: {', '.join(SOURCES)})")
-    if not roles:
-        raise ReplayError(f"--roles: name at least one role (replayable: {', '.join(SOURCES)})")
-    return roles
+    try:
+        return check_stream_roles(roles, tuple(SOURCES), listed="replayable")
+    except WorkerConfigError as refused:
+        raise ReplayError(str(refused)) from None
 
 
 def check_judge() -> None:
@@ -281,9 +271,9 @@ def follow(
     ends. Once a role's sources are caught up, the ends of its internal topics (`INTERNAL`) are read
     and it must reach those too; the plan returned holds them. `alive()` False (a worker exited for
     good) or passing `deadline` (time.monotonic()) raise `ReplayError`."""
-    from kafka import KafkaAdminClient
+    from clients.kafka import make_admin
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID)
+    admin = make_admin(bootstrap, CLIENT_ID)
     started = time.monotonic()
     unmeasured = {role for role in roles if INTERNAL.get(role)}  # internal topics not measured yet
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from infra.errors import InfraError
 from infra.supervisor import STOP_GRACE_S, Component, Supervisor
-from streams.config import DEFAULT_ROLES
+from streams.config import DEFAULT_ROLES, MERGED_ROLES
 
 STATE_FILE = "run/stack.json"
 
@@ -73,7 +73,7 @@ def stack_roles(value: str) -> tuple[str, ...]:
     """
     roles = tuple(r.strip() for r in value.split(",") if r.strip())
     if roles != ("scoring",):
-        merged = [r for r in roles if r in ("rules", "assembler")]
+        merged = [r for r in roles if r in MERGED_ROLES]
         why = f" ({merged[0]!r} is part of scoring now)" if merged else ""
         raise InfraError(f"--roles: {value!r}: the stack's stream role is scoring{why} (judge: --judge)")
     return roles

@@ -25,6 +25,7 @@ from typing import Any
 
 from producers.errors import ProducerError
 from producers.redaction import BUILTIN_DETECTORS, BUILTIN_NAMES, Detector, Redactor
+from schemas.config_fields import option
 
 SETTINGS_FILE_ENV = "AGENTSTREAM_SETTINGS_FILE"
 SETTINGS_FILE_NAME = "settings.yaml"
@@ -45,6 +46,16 @@ class RedactionSettings:
         chosen = [d for d in BUILTIN_DETECTORS if d.name not in self.disabled]
         chosen += [Detector(name, re.compile(regex)) for name, regex in self.patterns]
         return Redactor(chosen, self.enabled)
+
+
+def settings_file_option() -> Any:
+    """The `settings_file` field of a command's config (ingest, the gateway): one help, one env."""
+    return option(
+        None,
+        f"YAML settings file (its `redaction:` section); default <data dir>/{SETTINGS_FILE_NAME} "
+        "when it exists",
+        env=SETTINGS_FILE_ENV,
+    )
 
 
 def settings_file(explicit: str | Path | None = None, data_dir: str | Path | None = None) -> Path | None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clients.fetch_pacing import IDLE_WAIT_MS
+from clients.fetch_pacing import IDLE_WAIT_HELP, IDLE_WAIT_MS
 from schemas.config_fields import check_bounds, option
 from schemas.settings import DEFAULT_BOOTSTRAP
 from schemas.topics import AGENT_EVENTS, TOPICS
@@ -20,7 +20,7 @@ ROLES = ("scoring", "judge")
 DEFAULT_ROLES = ("scoring",)
 # Roles of earlier releases, merged into `scoring` (rule rewards and assembly in one consumer): named
 # in the refusal so a deployment still asking for them is told what to run instead.
-MERGED_ROLES = ("rules", "assembler")
+MERGED_ROLES: dict[str, str] = {"rules": "scoring", "assembler": "scoring"}
 # A role exits with this code to be consumed again from its committed offsets (a batch failed, or
 # records were never received); `agentstream worker` restarts it, other codes stop the worker.
 EXIT_REPLAY = 70
@@ -88,12 +88,7 @@ class WorkerConfig:
         env="AGENTSTREAM_WORKER_FETCH_MAX_WAIT_MS",
         ge=0,
     )
-    fetch_idle_wait_ms: int = option(
-        IDLE_WAIT_MS,
-        "scoring: once fetches have returned nothing for 250 ms, the next one waits for the "
-        "first byte, up to this long, instead of polling every --fetch-max-wait-ms (0: always as sized)",
-        ge=0,
-    )
+    fetch_idle_wait_ms: int = option(IDLE_WAIT_MS, "scoring: " + IDLE_WAIT_HELP, ge=0)
     reward_version: str = option(
         "rules-1",
         "version stamped on rule rewards and on the trajectories assembled from them (assembly-1+<it>)",
@@ -122,22 +117,27 @@ class WorkerConfig:
         return f"{self.app_prefix}-{role}"
 
 
-def check_roles(roles: tuple[str, ...]) -> None:
-    """`--roles`, checked: at least one, each a role this release runs.
+def check_roles(
+    roles: tuple[str, ...], known: tuple[str, ...] = ROLES, listed: str = "roles"
+) -> tuple[str, ...]:
+    """`--roles`, checked: at least one, each in `known` (named as `listed` in the refusal; `agentstream
+    replay` passes its replayable roles). A role of an earlier release is refused saying what to run.
 
     >>> check_roles(("scoring", "judge"))
+    ('scoring', 'judge')
     >>> check_roles(("rules", "assembler"))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    streams.errors.WorkerConfigError: --roles: 'rules' is no longer a role: ... one role, 'scoring' ...
+    streams.errors.WorkerConfigError: --roles: 'rules' is no longer a role: ... one role, --roles scoring ...
     """
-    known = ", ".join(ROLES)
+    names = ", ".join(known)
     for role in roles:
         if role in MERGED_ROLES:
             raise WorkerConfigError(
                 f"--roles: {role!r} is no longer a role: the rule rewards and the assembler run as "
-                f"one role, 'scoring' (roles: {known})"
+                f"one role, --roles {MERGED_ROLES[role]} ({listed}: {names})"
             )
-        if role not in ROLES:
-            raise WorkerConfigError(f"--roles: unknown role {role!r} (roles: {known})")
+        if role not in known:
+            raise WorkerConfigError(f"--roles: unknown role {role!r} ({listed}: {names})")
     if not roles:
-        raise WorkerConfigError(f"--roles: name at least one role (roles: {known})")
+        raise WorkerConfigError(f"--roles: name at least one role ({listed}: {names})")
+    return roles

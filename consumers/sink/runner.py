@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clients.fetch_pacing import IDLE_WAIT_MS, pace_fetches
+from clients.fetch_pacing import IDLE_WAIT_HELP, IDLE_WAIT_MS, max_wait_option, min_bytes_option, pace_fetches
 from clients.kafka import ensure_topics, make_async_consumer, make_consumer, make_producer
 from clients.kafka.consume import ConsumeLoop, LoopConfig, Partition, refusal
 from clients.kafka.dead_letters import letter_for, publish_dead_letters
@@ -40,6 +40,7 @@ from consumers.errors import ConsumerConfigError
 from consumers.sink.clickhouse import ClickHouseSink
 from consumers.sink.rows import dead_letter_row, rows_for
 from schemas.codec import decode
+from schemas.config_fields import check_bounds, option
 from schemas.records import Record
 from schemas.settings import DEFAULT_BOOTSTRAP
 from schemas.topics import DLQ, TOPICS
@@ -58,70 +59,34 @@ class SinkConfig:
 
     bootstrap_servers: str = DEFAULT_BOOTSTRAP
     clickhouse_url: str = "chdb://.agentstream/clickhouse"
-    group_id: str = field(default=GROUP_ID, metadata={"help": "Kafka consumer group of the sink"})
+    group_id: str = option(GROUP_ID, "Kafka consumer group of the sink")
     topics: tuple[str, ...] = field(default_factory=lambda: tuple(TOPICS))
-    batch_rows: int = field(
-        default=20_000,
-        metadata={"help": "flush after this many buffered rows (bounds memory; the interval decides)"},
+    batch_rows: int = option(
+        20_000, "flush after this many buffered rows (bounds memory; the interval decides)", ge=1
     )
-    flush_interval_s: float = field(default=0.5, metadata={"help": "flush at least this often (seconds)"})
-    early_flush_s: float = field(
-        default=0.2,
-        metadata={"help": "under light load, flush after this long (seconds) once the writer is idle"},
+    flush_interval_s: float = option(0.5, "flush at least this often (seconds)", gt=0)
+    early_flush_s: float = option(
+        0.2, "under light load, flush after this long (seconds) once the writer is idle", ge=0
     )
-    light_load_rows: int = field(
-        default=200,
-        metadata={"help": "fewer rows than this buffered after --early-flush-s means light load"},
+    light_load_rows: int = option(
+        200, "fewer rows than this buffered after --early-flush-s means light load", ge=0
     )
-    fetch_min_bytes: int = field(
-        default=256 * 1024,
-        metadata={"help": "the broker answers a fetch once this many bytes are ready, or after the wait"},
-    )
-    fetch_max_wait_ms: int = field(
-        default=50, metadata={"help": "longest the broker holds a fetch waiting for --fetch-min-bytes"}
-    )
-    fetch_idle_wait_ms: int = field(
-        default=IDLE_WAIT_MS,
-        metadata={
-            "help": "once fetches have returned nothing for 250 ms, the next one waits for the first "
-            "byte, up to this long, instead of polling every --fetch-max-wait-ms (0: always as sized)"
-        },
-    )
-    max_retry_s: float = field(
-        default=300.0, metadata={"help": "retry an unavailable ClickHouse this long, then exit 1"}
-    )
-    from_beginning: bool = field(
-        default=False, metadata={"help": "rewind the group to offset 0 first (replay)"}
-    )
-    endpoint_port: int = field(
-        default=0, metadata={"help": "port of the HTTP endpoint serving an embedded chDB path"}
-    )
-    ready_file: Path | None = field(
-        default=None, metadata={"help": "write the ClickHouse URL readers should use once consuming"}
-    )
+    fetch_min_bytes: int = min_bytes_option(256 * 1024)
+    fetch_max_wait_ms: int = max_wait_option(50)
+    fetch_idle_wait_ms: int = option(IDLE_WAIT_MS, IDLE_WAIT_HELP, ge=0)
+    max_retry_s: float = option(300.0, "retry an unavailable ClickHouse this long, then exit 1", ge=0)
+    from_beginning: bool = option(False, "rewind the group to offset 0 first (replay)")
+    endpoint_port: int = option(0, "port of the HTTP endpoint serving an embedded chDB path")
+    ready_file: Path | None = option(None, "write the ClickHouse URL readers should use once consuming")
     session_timeout_ms: int = 10_000
 
     def __post_init__(self):
-        if self.batch_rows < 1:
-            raise ConsumerConfigError(f"--batch-rows: must be >= 1, got {self.batch_rows!r}")
-        if self.flush_interval_s <= 0:
-            raise ConsumerConfigError(f"--flush-interval-s: must be > 0, got {self.flush_interval_s!r}")
-        if not 0 <= self.early_flush_s <= self.flush_interval_s:
+        check_bounds(self, ConsumerConfigError)
+        if self.early_flush_s > self.flush_interval_s:
             raise ConsumerConfigError(
                 "--early-flush-s: must be between 0 and --flush-interval-s "
                 f"({self.flush_interval_s!r}), got {self.early_flush_s!r}"
             )
-        if self.light_load_rows < 0:
-            raise ConsumerConfigError(f"--light-load-rows: must be >= 0, got {self.light_load_rows!r}")
-        if self.fetch_min_bytes < 1 or self.fetch_max_wait_ms < 0:
-            raise ConsumerConfigError(
-                "--fetch-min-bytes / --fetch-max-wait-ms: must be >= 1 / >= 0, "
-                f"got {self.fetch_min_bytes!r} / {self.fetch_max_wait_ms!r}"
-            )
-        if self.fetch_idle_wait_ms < 0:
-            raise ConsumerConfigError(f"--fetch-idle-wait-ms: must be >= 0, got {self.fetch_idle_wait_ms!r}")
-        if self.max_retry_s < 0:
-            raise ConsumerConfigError(f"--max-retry-s: must be >= 0, got {self.max_retry_s!r}")
         unknown = sorted(set(self.topics) - set(TOPICS))
         if unknown:
             raise ConsumerConfigError(f"topics: not in the registry: {unknown}")

@@ -30,7 +30,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from infra.runtime import agentstream_argv, python_module_argv
+from infra.runtime import agentstream_argv, python_module_argv, stop_child
 
 log = logging.getLogger(__name__)
 
@@ -174,12 +174,7 @@ def _worker(bootstrap: str, scratch: Path, role: str) -> subprocess.Popen:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+    stop_child(proc, grace_s=15)
     # Let the stopped member's 10 s session expire before the next worker joins its group: the
     # embedded broker answers a member joining a stable group from the stable state (no rebalance),
     # which leaves the newcomer without partitions (reported to the broker owners).
@@ -235,11 +230,9 @@ def _wait_committed(bootstrap: str, group: str, timeout_s: float = 60.0) -> None
     """Until `group` has committed the end of every partition it consumes. A worker stopped before
     that replays its uncommitted tail in the next run (same ids, but more records), and counting
     records would then end that run's measurement before its new input was processed."""
-    from kafka import KafkaAdminClient
+    from clients.kafka import make_admin, make_consumer
 
-    from clients.kafka import make_consumer
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = make_admin(bootstrap, CLIENT_ID)
     consumer = make_consumer(bootstrap, CLIENT_ID)
     try:
         deadline = time.monotonic() + timeout_s

@@ -20,7 +20,7 @@ from typing import Any
 
 from producers.envs.arithmetic import Number, generate_expression, parse_number, safe_eval, same_number
 from producers.envs.errors import EnvError, ExpressionError
-from producers.envs.protocol import Action, AgentEnv, TimeStep, checked_action
+from producers.envs.protocol import Action, AgentEnv, TimeStep, checked_action, finish_step
 
 MAX_DIFFICULTY = 5
 PROMPT = (
@@ -93,10 +93,9 @@ class CalcEnv(AgentEnv):
             ts = self._submit(params)
         else:
             ts = _failed(f"unknown tool {tool!r}; available tools: {self.available_tools}")
-        if not ts.terminated and self.turn >= self.max_turns:
-            ts.truncated = True
+        finish_step(ts, self.turn, self.max_turns)
         self._done = ts.done
-        ts.info |= {"turn": self.turn, "tool": tool}
+        ts.info["tool"] = tool
         return ts
 
     def _calculator(self, params: dict[str, Any]) -> TimeStep:

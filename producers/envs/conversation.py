@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from producers.envs.errors import EnvError
-from producers.envs.protocol import Action, AgentEnv, TimeStep, checked_action
+from producers.envs.protocol import Action, AgentEnv, TimeStep, checked_action, finish_step
 
 Tool = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -122,10 +122,8 @@ class ConversationEnv(AgentEnv):
         if tool in self.terminal_tools and tool in self.tools:
             ts.terminated = True
             self.final_response = response_text(params) if isinstance(params, dict) else str(params)
-        elif self.turn >= self.max_turns:
-            ts.truncated = True
+        finish_step(ts, self.turn, self.max_turns)
         self._done = ts.done
-        ts.info["turn"] = self.turn
         return ts
 
     def _call(self, tool: str, params: dict[str, Any]) -> TimeStep:

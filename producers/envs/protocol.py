@@ -101,6 +101,19 @@ def checked_action(action: Any, started: bool, done: bool) -> tuple[Any, Any]:
     return action.get("tool"), action.get("params") or {}
 
 
+def finish_step(ts: TimeStep, count: int, limit: int, key: str = "turn") -> TimeStep:
+    """`ts` as the episode's `count`-th step of at most `limit`: cut short (`truncated`) at the
+    limit unless the step ended the episode, with the count in `info[key]`.
+
+    >>> finish_step(TimeStep("ok"), 3, 3).truncated, finish_step(TimeStep(terminated=True), 3, 3).truncated
+    (True, False)
+    """
+    if not ts.terminated and count >= limit:
+        ts.truncated = True
+    ts.info[key] = count
+    return ts
+
+
 class EnvWrapper(AgentEnv):
     """Passes everything to the wrapped env; wrappers override only what they change."""
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from producers.envs.errors import EnvError
-from producers.envs.protocol import Action, AgentEnv, TimeStep, checked_action
+from producers.envs.protocol import Action, AgentEnv, TimeStep, checked_action, finish_step
 from producers.sandbox.base import TOOLS, Sandbox, ToolResult
 
 log = logging.getLogger(__name__)
@@ -104,10 +104,8 @@ class SandboxEnv(AgentEnv):
             self._verdict = self._run_tests()
             ts.reward = 1.0 if self._verdict else 0.0
             ts.info["tests_passed"] = self._verdict
-        elif self.steps >= self.max_steps:
-            ts.truncated = True
+        finish_step(ts, self.steps, self.max_steps, "step")
         self._done = ts.done
-        ts.info["step"] = self.steps
         return ts
 
     def _run_tool(self, tool: Any, params: dict[str, Any]) -> ToolResult:

@@ -17,6 +17,7 @@ import orjson
 
 from producers.errors import ProducerError, RequestRejected
 from producers.http import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
+from producers.redaction_settings import settings_file_option
 from schemas.codec import encode, validate
 from schemas.errors import DecodeError
 from schemas.events import EVENT_MODELS
@@ -66,14 +67,7 @@ class GatewayConfig:
     body_timeout_s: float = field(
         default=BODY_TIMEOUT_S, metadata={"help": "answer 408 to a request whose body takes longer"}
     )
-    settings_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "YAML settings file (its `redaction:` section); default <data dir>/settings.yaml "
-            "when it exists",
-            "env": "AGENTSTREAM_SETTINGS_FILE",
-        },
-    )
+    settings_file: str | None = settings_file_option()
 
     def __post_init__(self):
         object.__setattr__(self, "api_key_hashes", parse_key_hashes(self.api_key_hashes))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.bounded import (
     Count,
@@ -38,8 +38,12 @@ class EpisodeStarted(EventBase):
     redactions: Count = Field(0, description=REDACTIONS_HELP)
 
 
-class StepRecorded(EventBase):
-    type: Literal["step.recorded"] = "step.recorded"
+class StepAction(BaseModel):
+    """What the agent did at one step and what it saw: the fields `step.recorded` carries and
+    `trajectory.scored` repeats per step (`ScoredStep`), in this order."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+
     step_index: StepIndex
     thought: Text = ""
     tool: Id = ""
@@ -47,6 +51,11 @@ class StepRecorded(EventBase):
     observation: Text = ""
     exit_code: Int64 | None = None
     error: Text | None = None
+
+
+# StepAction first: pydantic orders fields base by base from the last one, so the envelope comes first.
+class StepRecorded(StepAction, EventBase):
+    type: Literal["step.recorded"] = "step.recorded"
     model: Id = ""
     policy_version: Id | None = None
     input_tokens: Count | None = None

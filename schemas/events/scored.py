@@ -5,25 +5,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, Field
 
-from schemas.bounded import Count, Id, Int64, JsonDict, Logprobs, Score, StepCount, StepIndex, Text, TokenIds
+from schemas.bounded import Count, JsonDict, Logprobs, Score, StepCount, TokenIds
+from schemas.events.agent import StepAction
 from schemas.events.envelope import EventBase
 from schemas.limits import MAX_STEPS
 
 
-class ScoredStep(BaseModel):
+class ScoredStep(StepAction):
     """One step inside `trajectory.scored`, with each reward layer (None = absent)."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
-
-    step_index: StepIndex
-    thought: Text = ""
-    tool: Id = ""
-    params: JsonDict = Field(default_factory=dict)
-    observation: Text = ""
-    exit_code: Int64 | None = None
-    error: Text | None = None
     rule_score: Score | None = None
     redundancy: Score | None = None
     regression: Score | None = None

@@ -1,13 +1,28 @@
-"""Shared pieces of the builders: the reward a builder ranks by, and policy versions. (Where a
-trajectory was read is a `schemas.records.Record`.)"""
+"""Shared pieces of the builders: what their configs do, the reward a builder ranks by, and policy
+versions. (Where a trajectory was read is a `schemas.records.Record`.)"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
+from typing import Any
 
+from consumers.errors import ConsumerConfigError
+from schemas.config_fields import check_bounds
 from schemas.events import TrajectoryScored
 
 _TRAILING_INT = re.compile(r"(\d+)$")
+
+
+class BuilderConfig:
+    """What every builder config (a frozen dataclass of `option` fields) does: its bounds are
+    checked when it is made, and `to_dict()` is the form a batch records as its `builder_config`."""
+
+    def __post_init__(self):
+        check_bounds(self, ConsumerConfigError)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
 
 
 def reward_of(trajectory: TrajectoryScored) -> float | None:

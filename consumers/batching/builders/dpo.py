@@ -11,11 +11,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Literal
 
-from consumers.batching.builders.common import reward_of
+from consumers.batching.builders.common import BuilderConfig, reward_of
 from consumers.batching.chat import (
     DEFAULT_SYSTEM_PROMPT,
     assistant_message,
@@ -24,42 +24,26 @@ from consumers.batching.chat import (
     step_messages,
     tool_schemas,
 )
-from consumers.errors import ConsumerConfigError
+from schemas.config_fields import option
 from schemas.events import ScoredStep, TrajectoryScored
 
 
 @dataclass(frozen=True)
-class DPOPairConfig:
+class DPOPairConfig(BuilderConfig):
     """How pairs are chosen (TRL-style config). On the command line these options carry the
     `dpo-` prefix (`--dpo-min-margin`); group formation is `builders.groups.GroupConfig`."""
 
-    min_margin: float = field(default=0.05, metadata={"help": "DPO: minimum reward margin of a pair"})
-    strategy: Literal["best_vs_worst", "all_pairs"] = field(
-        default="best_vs_worst", metadata={"help": "DPO pairing"}
+    # `flag` is given where a bound is, so that a refusal names the option as typed.
+    min_margin: float = option(0.05, "DPO: minimum reward margin of a pair", flag="--dpo-min-margin", ge=0)
+    strategy: Literal["best_vs_worst", "all_pairs"] = option("best_vs_worst", "DPO pairing")
+    max_pairs_per_group: int = option(
+        8, "DPO: pairs per task group at most", flag="--dpo-max-pairs", env="AGENTSTREAM_DPO_MAX_PAIRS", ge=1
     )
-    max_pairs_per_group: int = field(
-        default=8,
-        metadata={
-            "flag": "--dpo-max-pairs",
-            "env": "AGENTSTREAM_DPO_MAX_PAIRS",
-            "help": "DPO: pairs per task group at most",
-        },
-    )
-    step_preference: Literal["trajectory", "process"] = field(
-        default="trajectory",
-        metadata={"help": "step pairs: rank by trajectory reward, or by the diverging steps' process_score"},
+    step_preference: Literal["trajectory", "process"] = option(
+        "trajectory", "step pairs: rank by trajectory reward, or by the diverging steps' process_score"
     )
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     include_tools: bool = True
-
-    def __post_init__(self):
-        if self.min_margin < 0:
-            raise ConsumerConfigError(f"--dpo-min-margin: must be >= 0, got {self.min_margin!r}")
-        if self.max_pairs_per_group < 1:
-            raise ConsumerConfigError(f"--dpo-max-pairs: must be >= 1, got {self.max_pairs_per_group!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def ranked(trajectories: list[TrajectoryScored]) -> list[tuple[TrajectoryScored, float]]:

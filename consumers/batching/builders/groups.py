@@ -8,44 +8,30 @@ Within a pending group a later revision of a trajectory replaces the earlier one
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
-from consumers.errors import ConsumerConfigError
+from consumers.batching.builders.common import BuilderConfig
+from schemas.config_fields import option
 from schemas.events import TrajectoryScored
 
 Item = TypeVar("Item")
 
 
 @dataclass(frozen=True)
-class GroupConfig:
+class GroupConfig(BuilderConfig):
     """How trajectories of one task are gathered into a group: shared by DPO and GRPO (TRL-style
     config; `agentstream batch` options are generated from its fields)."""
 
-    group_size: int = field(default=4, metadata={"help": "GRPO/DPO: trajectories per group"})
-    min_group_size: int = field(
-        default=2, metadata={"help": "GRPO/DPO: smallest group emitted after the timeout"}
+    group_size: int = option(4, "GRPO/DPO: trajectories per group", ge=1)
+    min_group_size: int = option(2, "GRPO/DPO: smallest group emitted after the timeout", ge=1)
+    timeout_s: float = option(
+        300.0,
+        "GRPO/DPO: wait this long for a full group",
+        flag="--group-timeout-s",
+        env="AGENTSTREAM_GROUP_TIMEOUT_S",
+        ge=0,
     )
-    timeout_s: float = field(
-        default=300.0,
-        metadata={
-            "flag": "--group-timeout-s",
-            "env": "AGENTSTREAM_GROUP_TIMEOUT_S",
-            "help": "GRPO/DPO: wait this long for a full group",
-        },
-    )
-
-    def __post_init__(self):
-        if self.group_size < 1 or self.min_group_size < 1:
-            raise ConsumerConfigError(
-                "--group-size / --min-group-size: must be >= 1, "
-                f"got {self.group_size!r} / {self.min_group_size!r}"
-            )
-        if self.timeout_s < 0:
-            raise ConsumerConfigError(f"--group-timeout-s: must be >= 0, got {self.timeout_s!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def collector(self) -> GroupCollector:
         """An empty collector with these settings."""

@@ -22,10 +22,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from consumers.batching.builders.common import policy_number, reward_of
+from consumers.batching.builders.common import BuilderConfig, policy_number, reward_of
 from consumers.batching.builders.sft import lineage
 from consumers.batching.chat import (
     DEFAULT_SYSTEM_PROMPT,
@@ -35,48 +35,33 @@ from consumers.batching.chat import (
     tool_schemas,
 )
 from consumers.batching.token_rows import has_tokens, replay
-from consumers.errors import ConsumerConfigError
+from schemas.config_fields import option
 from schemas.events import TrajectoryScored
 
 
 @dataclass(frozen=True)
-class GRPOGroupConfig:
+class GRPOGroupConfig(BuilderConfig):
     """Advantage estimation over a group (TRL-style config; the fields with help are `agentstream
     batch` options). Group formation is `builders.groups.GroupConfig`."""
 
-    estimator: Literal["grpo", "rloo"] = field(default="grpo", metadata={"help": "GRPO advantage estimator"})
-    scale_rewards: bool = field(default=True, metadata={"help": "GRPO: divide by the group std"})
+    estimator: Literal["grpo", "rloo"] = option("grpo", "GRPO advantage estimator")
+    scale_rewards: bool = option(True, "GRPO: divide by the group std")
     std: Literal["unbiased", "population"] = "unbiased"
     eps: float = 1e-6
-    drop_zero_std: bool = field(
-        default=False,
-        metadata={"help": "GRPO: no rows for a group whose rewards are all equal (advantages all 0)"},
+    drop_zero_std: bool = option(
+        False, "GRPO: no rows for a group whose rewards are all equal (advantages all 0)"
     )
-    step_advantage: Literal["none", "process_return", "mixed"] = field(
-        default="none", metadata={"help": "GRPO step advantages"}
-    )
-    gamma: float = field(default=1.0, metadata={"help": "GRPO: discount of process-reward returns"})
+    step_advantage: Literal["none", "process_return", "mixed"] = option("none", "GRPO step advantages")
+    gamma: float = option(1.0, "GRPO: discount of process-reward returns")
     step_weight: float = 0.5
     """lambda of the `mixed` step advantage."""
-    max_policy_lag: int | None = field(
-        default=None, metadata={"help": "GRPO: drop trajectories more than N policy versions old"}
-    )
-    retokenize: bool = field(
-        default=False,
-        metadata={
-            "help": "GRPO also on trajectories without recorded token ids, re-tokenised "
-            "(not token-faithful; for logs)"
-        },
+    max_policy_lag: int | None = option(None, "GRPO: drop trajectories more than N policy versions old", ge=0)
+    retokenize: bool = option(
+        False,
+        "GRPO also on trajectories without recorded token ids, re-tokenised (not token-faithful; for logs)",
     )
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     include_tools: bool = True
-
-    def __post_init__(self):
-        if self.max_policy_lag is not None and self.max_policy_lag < 0:
-            raise ConsumerConfigError(f"--max-policy-lag: must be >= 0, got {self.max_policy_lag!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _std(values: list[float], unbiased: bool) -> float:

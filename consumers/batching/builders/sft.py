@@ -6,51 +6,32 @@ columns; trainers ignore columns they do not use. Pre-tokenized rows are built b
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from consumers.batching.builders.common import reward_of
+from consumers.batching.builders.common import BuilderConfig, reward_of
 from consumers.batching.builders.curriculum import curriculum_order
 from consumers.batching.chat import DEFAULT_SYSTEM_PROMPT, ordered_steps, tool_schemas, trajectory_messages
-from consumers.errors import ConsumerConfigError
+from schemas.config_fields import option
 from schemas.events import TrajectoryScored
 
 
 @dataclass(frozen=True)
-class SFTBuilderConfig:
+class SFTBuilderConfig(BuilderConfig):
     """Which trajectories become SFT examples and how they are rendered (TRL-style config; the
     fields with help are `agentstream batch` options)."""
 
-    require_success: bool = field(
-        default=True,
-        metadata={"help": "SFT: only successful trajectories (success=None counts as not successful)"},
+    require_success: bool = option(
+        True, "SFT: only successful trajectories (success=None counts as not successful)"
     )
-    min_reward: float | None = field(
-        default=None, metadata={"help": "SFT: only trajectories with at least this reward"}
-    )
+    min_reward: float | None = option(None, "SFT: only trajectories with at least this reward")
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     include_tools: bool = True
-    curriculum: bool = field(
-        default=False, metadata={"help": "SFT: order rows easiest first (short, high reward)"}
+    curriculum: bool = option(False, "SFT: order rows easiest first (short, high reward)")
+    max_length: int = option(
+        2048, "tokens per pre-tokenized row; longer trajectories are split at steps", ge=1
     )
-    max_length: int = field(
-        default=2048,
-        metadata={"help": "tokens per pre-tokenized row; longer trajectories are split at steps"},
-    )
-    chunk_context_steps: int = field(
-        default=0, metadata={"help": "masked previous steps repeated at the start of each chunk"}
-    )
-
-    def __post_init__(self):
-        if self.max_length < 1:
-            raise ConsumerConfigError(f"--max-length: must be >= 1, got {self.max_length!r}")
-        if self.chunk_context_steps < 0:
-            raise ConsumerConfigError(
-                f"--chunk-context-steps: must be >= 0, got {self.chunk_context_steps!r}"
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    chunk_context_steps: int = option(0, "masked previous steps repeated at the start of each chunk", ge=0)
 
 
 class SFTBuilder:

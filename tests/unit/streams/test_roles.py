@@ -24,7 +24,7 @@ def test_a_merged_role_is_refused_naming_it_and_the_roles(role):
     with pytest.raises(WorkerConfigError) as refused:
         WorkerConfig(roles=("scoring", role))
     message = str(refused.value)
-    assert f"{role!r} is no longer a role" in message and "'scoring'" in message
+    assert f"{role!r} is no longer a role" in message and "--roles scoring" in message
     assert "(roles: scoring, judge)" in message
 
 
