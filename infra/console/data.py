@@ -229,6 +229,4 @@ def _check_day(text: str) -> None:
     except ValueError:
         raise FilterError("since", text, "must be a day, e.g. 2026-11-25") from None
     if not EARLIEST.date() <= day <= LATEST.date():
-        raise FilterError(
-            "since", text, f"must be from {EARLIEST:%Y-%m-%d} to {LATEST:%Y-%m-%d}"
-        )
+        raise FilterError("since", text, f"must be from {EARLIEST:%Y-%m-%d} to {LATEST:%Y-%m-%d}")
