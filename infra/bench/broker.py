@@ -201,7 +201,7 @@ RUNNERS = {"kafka-python": _kafka_python, "aiokafka": _aiokafka}
 def _recovery(directory: Path, total_bytes: int) -> dict | None:
     if total_bytes <= 0:
         return None
-    from infra.broker.recovery_bench import measure_recovery
+    from infra.bench.broker_recovery import measure_recovery
 
     directory.mkdir(parents=True)
     return measure_recovery(directory, total_bytes)

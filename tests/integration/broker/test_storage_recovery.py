@@ -244,7 +244,7 @@ def test_disk_full_append_fails_cleanly_and_leaves_no_partial_batch(tmp_path):
 
 
 def test_recovery_benchmark_helper_reports_a_correct_recovery(tmp_path):
-    from infra.broker.recovery_bench import measure_recovery
+    from infra.bench.broker_recovery import measure_recovery
 
     figures = measure_recovery(tmp_path, 3_000_000, segment_bytes=1_000_000)
     assert figures["correct"] is True
