@@ -3,8 +3,6 @@ the SDK (producers/rollout/). Options are generated from `RolloutConfig`."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from infra.options.configs import add_config_options, config_from_args
 from infra.options.env import command_parser
 from infra.terminal import output
@@ -22,8 +20,7 @@ def register(sub) -> None:
 def run_rollout(args) -> int:
     import producers.envs  # noqa: F401  (registers the built-in environments)
     from producers.envs.tasks import builtin_tasks, load_tasks
-    from producers.rollout.driver import run
-    from producers.sdk.recorder import AgentRecorder
+    from producers.rollout.driver import run_recorded
     from schemas.settings import Settings
 
     settings = Settings.from_args(args)
@@ -41,12 +38,6 @@ def run_rollout(args) -> int:
             f"({result.group_id}): {'solved' if result.success else 'failed'} in {result.turns} turn(s)"
         )
 
-    recorder = AgentRecorder(
-        settings.bootstrap_servers, Path(settings.data_dir), agent="rollout", model=config.model
-    )
-    try:
-        results = run(config, tasks, recorder, progress, bootstrap_servers=settings.bootstrap_servers)
-    finally:
-        recorder.close(timeout=60)
+    results = run_recorded(config, tasks, settings.bootstrap_servers, settings.data_dir, progress)
     output.say(f"[rollout] {len(results)} episodes, {sum(r.success for r in results)} solved")
     return 0

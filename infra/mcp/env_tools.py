@@ -205,13 +205,8 @@ def _tasks(env: str, task_ids: list[str] | None):
 
 
 def _run_recorded(config: McpConfig, rollout_config, tasks) -> list:
-    from producers.rollout.driver import run
-    from producers.sdk.recorder import AgentRecorder
+    from producers.rollout.driver import run_recorded
 
-    recorder = AgentRecorder(
-        config.bootstrap_servers, Path(config.data_dir), agent="rollout", model=rollout_config.model
+    return run_recorded(
+        rollout_config, tasks, config.bootstrap_servers, str(config.data_dir), close_timeout_s=30
     )
-    try:
-        return run(rollout_config, tasks, recorder, bootstrap_servers=config.bootstrap_servers)
-    finally:
-        recorder.close(timeout=30)

@@ -281,6 +281,27 @@ def run(
         controls.close()
 
 
+def run_recorded(
+    config: RolloutConfig,
+    tasks: list[Task],
+    bootstrap_servers: str,
+    data_dir: str,
+    progress=None,
+    close_timeout_s: float = 60.0,
+) -> list[EpisodeResult]:
+    """`run` with its own SDK recorder (agent "rollout", the config's model) under `data_dir`,
+    closed (its spool delivered, up to `close_timeout_s`) whatever happens."""
+    from pathlib import Path
+
+    from producers.sdk.recorder import AgentRecorder
+
+    recorder = AgentRecorder(bootstrap_servers, Path(data_dir), agent="rollout", model=config.model)
+    try:
+        return run(config, tasks, recorder, progress, bootstrap_servers=bootstrap_servers)
+    finally:
+        recorder.close(timeout=close_timeout_s)
+
+
 def _run_rounds(client, config, tasks, recorder, progress, controls) -> list[EpisodeResult]:
     results: list[EpisodeResult] = []
     rounds = 0
