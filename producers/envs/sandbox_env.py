@@ -6,19 +6,28 @@ A task is a dict (a line of `producers/envs/tasks/sandbox.jsonl`, or a SWE-style
     {"task_id": "off-by-one",
      "instruction": "Fix last_n in util.py",          # or "problem_statement"
      "files": {"util.py": "...", "test_util.py": "..."},
-     "test_files": {"test_util.py": "..."},           # optional: rewritten before every verify()
+     "test_files": {"test_util.py": "..."},           # optional: the agent's edits never count
      "test_command": ["python3", "test_util.py"],     # argv list, or a str run by /bin/sh -c
      "setup_commands": [["python3", "-m", "compileall", "."]],   # optional
-     "snapshot_dir": "/path/to/repo", "base_commit": "abc123"}   # optional (SWE-style)
+     "snapshot_dir": "/path/to/repo", "base_commit": "abc123",   # optional (SWE-style)
+     "FAIL_TO_PASS": ["t.py::test_a"], "PASS_TO_PASS": ["t.py::test_b"], "test_patch": "diff ..."}
+
+Without a `test_command`, FAIL_TO_PASS is run with pytest; with one, the command is the
+FAIL_TO_PASS check. PASS_TO_PASS ids are run with pytest and must still pass.
 
 `reset()` builds a fresh workspace (a copy of `snapshot_dir` checked out at `base_commit`, then
 `files`), commits it as a base git commit when git works (so the agent's `git diff` means
 something) and answers the instruction plus the file list. `step()` runs one sandbox tool
 (`file_read`, `file_write`, `shell`, `search`, `git`, `submit`); `submit` ends the episode.
-`verify()` runs the task's test command in the sandbox: True iff it exits 0, whatever the agent
-claimed; after the episode ends the verdict is cached.
+`verify()` never trusts the agent's workspace: it takes the agent's changes as a git diff against
+the base commit, applies them to a second, fresh workspace built from the task in a second sandbox
+of the same backend, drops the changes that do not count (the task's tests, conftest.py and other
+test configuration, sitecustomize, bytecode, modules that shadow others: see
+`producers.envs.sandbox_verdict`), and runs the checks there. True iff they all pass, whatever the
+agent claimed; after the episode ends the verdict is cached.
 
-It owns the task-to-workspace mapping and the verdict; how commands run is `producers.sandbox`.
+It owns the task-to-workspace mapping; how the verdict is reached is `sandbox_verdict`, how
+commands run is `producers.sandbox`.
 """
 
 from __future__ import annotations
@@ -29,15 +38,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from producers.envs.errors import EnvError
 from producers.envs.protocol import Action, AgentEnv, TimeStep, checked_action, finish_step
+from producers.envs.sandbox_verdict import (
+    VerdictRefused,
+    agent_patch,
+    checks_of,
+    decide,
+    prepare_workspace,
+    pytest_command,
+)
 from producers.sandbox.base import TOOLS, Sandbox, ToolResult
 
 log = logging.getLogger(__name__)
-
-GIT_IDENTITY = (("user.email", "sandbox@agentstream.invalid"), ("user.name", "agentstream sandbox"))
-TEST_TIMEOUT_S = 120.0
-TEST_PATCH_PATH = ".agentstream-test.patch"
 
 
 class SandboxEnv(AgentEnv):
@@ -59,6 +74,7 @@ class SandboxEnv(AgentEnv):
         self.steps = 0
         self._done = False
         self._verdict: bool | None = None
+        self._base_commit: str | None = None
 
     @property
     def available_tools(self) -> list[str]:
@@ -71,17 +87,8 @@ class SandboxEnv(AgentEnv):
         self.task = parse_sandbox_task(task)
         self.steps, self._done, self._verdict = 0, False, None
         sandbox = self._sandbox()
-        snapshot = self.task.get("snapshot_dir")
-        sandbox.reset(Path(snapshot) if snapshot else None)
-        if snapshot and self.task.get("base_commit"):
-            _run_or_raise(
-                sandbox, "git", {"subcommand": "checkout", "args": ["-q", "-f", self.task["base_commit"]]}
-            )
-        for path, content in {**self.task["files"], **self.task["test_files"]}.items():
-            _run_or_raise(sandbox, "file_write", {"path": path, "content": content})
-        for command in self.task["setup_commands"]:
-            _run_or_raise(sandbox, "shell", {"command": command})
-        has_git = _commit_base(sandbox)
+        self._base_commit = prepare_workspace(sandbox, self.task)
+        has_git = self._base_commit is not None
         files = _list_files(sandbox, has_git, self.task)
         text = self.task["instruction"] + "\n\nFiles in the workspace:\n" + "\n".join(files)
         text += "\n\nTools: " + ", ".join(TOOLS) + ". Call submit when you are done."
@@ -124,11 +131,11 @@ class SandboxEnv(AgentEnv):
         return self.sandbox.run(tool, params)
 
     def verify(self) -> bool | None:
-        """True iff the task's tests pass in the workspace now (cached once the episode ended);
-        None before reset() or for a task without a test command."""
+        """True iff the task's checks pass on the agent's changes as they are now, applied to a fresh
+        workspace (cached once the episode ended); None before reset() or for a task without checks."""
         if self._verdict is not None:
             return self._verdict
-        if self.task is None or self.sandbox is None or self.task["test_command"] is None:
+        if self.task is None or self.sandbox is None or not checks_of(self.task):
             return None
         verdict = self._run_tests()
         if self._done:
@@ -136,44 +143,37 @@ class SandboxEnv(AgentEnv):
         return verdict
 
     def _run_tests(self) -> bool | None:
-        """Restore the task's own test files (the agent may have edited them), apply its test
-        patch, run the test command: True iff it exits 0."""
+        """The agent's diff applied to a fresh workspace in a second sandbox (closed afterwards),
+        its checks run there: True iff all pass; a refusal (no git, a diff that does not apply)
+        is False with its reason logged."""
         assert self.task is not None and self.sandbox is not None
-        if self.task["test_command"] is None:
+        if not checks_of(self.task):
             return None
-        for path, content in self.task["test_files"].items():
-            if not self.sandbox.run("file_write", {"path": path, "content": content}).ok:
-                return False
-        if self.task.get("test_patch") and not self._apply_test_patch():
+        try:
+            if self._base_commit is None:
+                raise VerdictRefused("git does not work in the sandbox, so there is no base to diff")
+            patch = agent_patch(self.sandbox, self._base_commit)
+            return decide(self._new_sandbox, self.task, patch)
+        except VerdictRefused as exc:
+            log.info("sandbox task %s: judged failed: %s", self.task.get("task_id"), exc)
             return False
-        result = self.sandbox.run(
-            "shell", {"command": self.task["test_command"], "timeout_s": TEST_TIMEOUT_S}
-        )
-        if not result.ok:
-            log.info("sandbox task %s: tests failed: %s", self.task.get("task_id"), result.output[-500:])
-        return result.ok
-
-    def _apply_test_patch(self) -> bool:
-        assert self.task is not None and self.sandbox is not None
-        wrote = self.sandbox.run("file_write", {"path": TEST_PATCH_PATH, "content": self.task["test_patch"]})
-        applied = self.sandbox.run("git", {"subcommand": "apply", "args": [TEST_PATCH_PATH]})
-        return wrote.ok and applied.ok
 
     def _sandbox(self) -> Sandbox:
-        """The sandbox, created on the first reset: local when asked for or when "auto" finds no
-        Docker engine (`limits` applies to the local backend only)."""
+        """The agent's sandbox, created on the first reset."""
         if self.sandbox is None:
-            from producers.sandbox.docker import docker_unavailable_reason, make_sandbox
-
-            if self.backend == "local" or (
-                self.backend == "auto" and docker_unavailable_reason() is not None
-            ):
-                from producers.sandbox.local import Limits, LocalSandbox
-
-                self.sandbox = LocalSandbox(limits=self.limits or Limits())
-            else:
-                self.sandbox = make_sandbox("docker")
+            self.sandbox = self._new_sandbox()
         return self.sandbox
+
+    def _new_sandbox(self) -> Sandbox:
+        """A sandbox of this env's backend: local when asked for or when "auto" finds no Docker
+        engine (`limits` applies to the local backend only)."""
+        from producers.sandbox.docker import docker_unavailable_reason, make_sandbox
+
+        if self.backend == "local" or (self.backend == "auto" and docker_unavailable_reason() is not None):
+            from producers.sandbox.local import Limits, LocalSandbox
+
+            return LocalSandbox(limits=self.limits or Limits())
+        return make_sandbox("docker")
 
     def close(self) -> None:
         """Close the sandbox (its workspace is removed)."""
@@ -204,11 +204,33 @@ def parse_sandbox_task(task: Any) -> dict[str, Any]:
     if not isinstance(setup, list):
         raise EnvError(f"{where}: field 'setup_commands': expected a list, got {setup!r}")
     out["setup_commands"] = [_command(c, f"{where}: field 'setup_commands'") for c in setup]
+    for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        out[name] = parse_test_ids(task.get(name), f"{where}: field {name!r}")
+    if out["test_command"] is None and out["FAIL_TO_PASS"]:
+        out["test_command"] = pytest_command(out["FAIL_TO_PASS"])
     instruction = task.get("problem_statement") or task.get("instruction") or ""
     if not isinstance(instruction, str):
         raise EnvError(f"{where}: field 'instruction': expected a string, got {instruction!r}")
     out["instruction"] = instruction
     return out
+
+
+def parse_test_ids(value: Any, where: str) -> list[str]:
+    """A list of test ids; SWE-bench's JSON-encoded string form is accepted.
+
+    >>> parse_test_ids('["t.py::a"]', "x"), parse_test_ids(None, "x")
+    (['t.py::a'], [])
+    """
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            value = [value]
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(t, str) and t.strip() for t in value):
+        raise EnvError(f"{where}: expected a list of test ids, got {value!r:.200}")
+    return list(value)
 
 
 def _str_map(value: Any, where: str) -> dict[str, str]:
@@ -229,45 +251,11 @@ def _command(value: Any, where: str, optional: bool = False) -> list[str] | str 
     raise EnvError(f"{where}: expected an argv list of strings or a shell string, got {value!r}")
 
 
-def _run_or_raise(sandbox: Sandbox, tool: str, params: dict[str, Any]) -> ToolResult:
-    """Run a setup tool call; a failure raises `EnvError` with the call and its output."""
-    result = sandbox.run(tool, params)
-    if not result.ok:
-        call = (
-            " ".join([tool, params.get("subcommand", ""), *params.get("args", [])]) if tool == "git" else tool
-        )
-        target = params.get("command", params.get("path", ""))
-        detail = result.output.strip()[-500:] or result.error
-        raise EnvError(f"sandbox task setup: {call} {target!r} failed (exit {result.exit_code}): {detail}")
-    return result
-
-
-def _commit_base(sandbox: Sandbox) -> bool:
-    """Commit the workspace as the base (a repo is created when there is none); False when git
-    does not work here, in which case the `git` tool simply answers errors."""
-    prefix = sandbox.run("git", {"subcommand": "rev-parse", "args": ["--show-prefix"]})
-    in_own_repo = prefix.ok and not prefix.output.strip()  # not inside some enclosing repo
-    if not in_own_repo and not sandbox.run("git", {"subcommand": "init", "args": ["-q"]}).ok:
-        log.info("sandbox: git is unavailable; the workspace is not a repository")
-        return False
-    for key, value in GIT_IDENTITY:
-        sandbox.run("git", {"subcommand": "config", "args": [key, value]})
-    sandbox.run("git", {"subcommand": "add", "args": ["-A"]})
-    status = sandbox.run("git", {"subcommand": "status", "args": ["--porcelain"]})
-    if status.ok and status.output.strip():
-        commit = sandbox.run(
-            "git", {"subcommand": "commit", "args": ["-q", "--no-verify", "-m", "agentstream base"]}
-        )
-        if not commit.ok:
-            log.info("sandbox: base commit failed: %s", commit.error or commit.output[-300:])
-    return True
-
-
 def _list_files(sandbox: Sandbox, has_git: bool, task: dict[str, Any]) -> list[str]:
     if has_git:
         listed = sandbox.run("git", {"subcommand": "ls-files", "args": []})
         if listed.ok:
-            return [line for line in listed.output.splitlines() if line and line != TEST_PATCH_PATH]
+            return [line for line in listed.output.splitlines() if line]
     return sorted({*task["files"], *task["test_files"]})
 
 

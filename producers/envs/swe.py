@@ -6,14 +6,18 @@ A file is a JSON list or JSON Lines of instances:
      "problem_statement": "add() drops negative numbers ...",
      "snapshot_dir": "snapshots/demo__calc",         # a local copy of the repo (relative: to the file)
      "test_command": ["python3", "-m", "unittest"],  # or FAIL_TO_PASS, run with pytest
-     "FAIL_TO_PASS": ["tests/test_add.py::test_negative"], "test_patch": "diff --git ..."}
+     "FAIL_TO_PASS": ["tests/test_add.py::test_negative"],  # must pass after the fix
+     "PASS_TO_PASS": ["tests/test_add.py::test_positive"],  # must still pass (run with pytest)
+     "test_patch": "diff --git ..."}
 
     for task in load_swe_instances("instances.jsonl"):
         env = task.make_env(backend="local")
         env.reset(task=task.reset_task)   # the snapshot copied, base_commit checked out
 
-`repo` is only a label (never a clone URL). A bad instance raises `EnvError` naming the file, the
-line (JSON Lines) or the index (JSON list) and the field.
+`repo` is only a label (never a clone URL). FAIL_TO_PASS and PASS_TO_PASS may be lists or
+SWE-bench's JSON-encoded strings; both are checked by `SandboxEnv.verify()` (see
+`producers.envs.sandbox_verdict`), each listed id reported PASSED by pytest. A bad instance
+raises `EnvError` naming the file, the line (JSON Lines) or the index (JSON list) and the field.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any
 import orjson
 
 from producers.envs.errors import EnvError
+from producers.envs.sandbox_env import parse_test_ids
+from producers.envs.sandbox_verdict import pytest_command
 from producers.envs.tasks import Task
 
 REQUIRED = ("instance_id", "problem_statement", "snapshot_dir")
@@ -81,6 +87,8 @@ def swe_task(row: Any, where: str, base_dir: Path = Path(".")) -> Task:
         raise EnvError(f"{where}: field 'snapshot_dir': {str(snapshot)!r} is not a directory")
     task: dict[str, Any] = {k: row[k] for k in PASSED_THROUGH if row.get(k) is not None}
     task |= {"problem_statement": row["problem_statement"], "snapshot_dir": str(snapshot.resolve())}
+    for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        task[name] = parse_test_ids(row.get(name), f"{where}: field {name!r}")
     task["test_command"] = _test_command(row, where)
     for name in ("base_commit", "test_patch"):
         if name in task and not isinstance(task[name], str):
@@ -99,14 +107,9 @@ def _test_command(row: dict[str, Any], where: str) -> list[str] | str:
         raise EnvError(
             f"{where}: field 'test_command': expected an argv list or a shell string, got {command!r}"
         )
-    tests = row.get("FAIL_TO_PASS")
-    if isinstance(tests, str):  # SWE-bench ships it as a JSON-encoded list
-        try:
-            tests = orjson.loads(tests)
-        except orjson.JSONDecodeError:
-            tests = [tests]
-    if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+    tests = parse_test_ids(row.get("FAIL_TO_PASS"), f"{where}: field 'FAIL_TO_PASS'")
+    if not tests:
         raise EnvError(
             f"{where}: needs field 'test_command' or a non-empty 'FAIL_TO_PASS' list, got {tests!r}"
         )
-    return ["python3", "-m", "pytest", "-q", *tests]
+    return pytest_command(tests)

@@ -82,7 +82,9 @@ def test_json_list_and_fail_to_pass(tmp_path, snapshot):
     row = instance(FAIL_TO_PASS='["test_calc.py::test_add"]', test_command=None)
     path.write_text(json.dumps([row]))
     [task] = load_swe_instances(path)
-    assert task.task["test_command"] == ["python3", "-m", "pytest", "-q", "test_calc.py::test_add"]
+    assert task.task["test_command"][:4] == ["python3", "-m", "pytest", "-q"]
+    assert task.task["test_command"][-1] == "test_calc.py::test_add"  # each id must be reported PASSED
+    assert "-rfEsp" in task.task["test_command"] and task.task["FAIL_TO_PASS"] == ["test_calc.py::test_add"]
 
 
 def test_test_patch_is_applied_before_the_verdict(tmp_path, snapshot):
