@@ -16,16 +16,17 @@ replay under a new version adds events with new ids beside the old ones.
 Roles (`SOURCES`): `judge` (its reply cache and budget are the live judge's: unchanged inputs cost
 nothing), `scoring` (rule rewards under the replay's version and the trajectories assembled from
 them; it joins the rule rewards it makes itself and never reads `reward.rule`, so replays and the
-live stack never take each other's), `trainer` (`agentstream batch` under the replay's group, taking
-only trajectories of the version; a batch's id is its kind and trajectory ids, so a batch cut the
-same way is the same batch). They run in phases (`PHASES`): the judge first, then scoring, then the
-trainer; a phase's derived sources (`UPSTREAM`: reward.judge, trajectory.scored) are measured again
-once the roles writing them are done, so it reads everything the replay made. A role's own internal
-topics (`INTERNAL`: the judge's group-mode forwards) are measured once its sources are caught up.
+live stack never take each other's), `batch` (the batch builder, `agentstream batch`, under the
+replay's group, taking only trajectories of the version; a batch's id is its kind and trajectory ids,
+so a batch cut the same way is the same batch; `trainer` is its old name, `RENAMED_ROLES`). They run
+in phases (`PHASES`): the judge first, then scoring, then the batch builder; a phase's derived
+sources (`UPSTREAM`: reward.judge, trajectory.scored) are measured again once the roles writing them
+are done, so it reads everything the replay made. A role's own internal topics (`INTERNAL`: the
+judge's group-mode forwards) are measured once its sources are caught up.
 Roles of earlier releases (`streams.config.MERGED_ROLES`) are refused saying what replaces them.
 
 This module owns the plan (offsets, group names), the lag and the wait; the workers themselves are
-`agentstream worker` / `agentstream trainer` in child processes (infra.supervisor, run by
+`agentstream worker` / `agentstream batch` in child processes (infra.supervisor, run by
 infra/commands/replay.py).
 """
 
@@ -50,17 +51,19 @@ CLIENT_ID = "agentstream-replay"
 SOURCES: dict[str, tuple[str, ...]] = {
     "judge": (topics.AGENT_EVENTS,),
     "scoring": (topics.AGENT_EVENTS, topics.REWARD_JUDGE, topics.FEEDBACK_HUMAN),
-    "trainer": (topics.TRAJECTORY_SCORED,),
+    "batch": (topics.TRAJECTORY_SCORED,),
 }
 # Sources that replayed roles write to while the replay runs: source -> the role writing it.
 UPSTREAM: dict[str, dict[str, str]] = {
     "scoring": {topics.REWARD_JUDGE: "judge"},
-    "trainer": {topics.TRAJECTORY_SCORED: "scoring"},
+    "batch": {topics.TRAJECTORY_SCORED: "scoring"},
 }
 # A role's own topics, `<its app id>-<suffix>` (streams/shell.py `internal_topic`), that it reads too.
 INTERNAL: dict[str, tuple[str, ...]] = {"judge": ("judge-groups",)}
 # Roles of a phase run together; a phase starts when the one before it is caught up.
-PHASES: tuple[tuple[str, ...], ...] = (("judge",), ("scoring",), ("trainer",))
+PHASES: tuple[tuple[str, ...], ...] = (("judge",), ("scoring",), ("batch",))
+# Old role names, still accepted (with a note) for one release: old -> new.
+RENAMED_ROLES: dict[str, str] = {"trainer": "batch"}
 
 
 class ReplayError(InfraError):
@@ -110,8 +113,8 @@ class ReplayPlan:
 def phases(roles: tuple[str, ...]) -> list[tuple[str, ...]]:
     """The replay's roles in the order they run (`PHASES`), empty phases left out.
 
-    >>> phases(("trainer", "scoring", "judge")), phases(("scoring",))
-    ([('judge',), ('scoring',), ('trainer',)], [('scoring',)])
+    >>> phases(("batch", "scoring", "judge")), phases(("scoring",))
+    ([('judge',), ('scoring',), ('batch',)], [('scoring',)])
     """
     ordered = [tuple(r for r in phase if r in roles) for phase in PHASES]
     return [phase for phase in ordered if phase]
@@ -130,13 +133,28 @@ def upstream_topics(plan: ReplayPlan, role: str, done: tuple[str, ...]) -> tuple
 def check_roles(roles: tuple[str, ...]) -> tuple[str, ...]:
     """The roles, checked: known and replayable now (the stream roles' check, with `SOURCES`).
 
-    >>> check_roles(("scoring", "trainer"))
-    ('scoring', 'trainer')
+    >>> check_roles(("scoring", "batch"))
+    ('scoring', 'batch')
     """
     try:
         return check_stream_roles(roles, tuple(SOURCES), listed="replayable")
     except WorkerConfigError as refused:
         raise ReplayError(str(refused)) from None
+
+
+def current_roles(roles: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
+    """The roles with old names replaced by their new ones (`RENAMED_ROLES`), and a note per old name.
+
+    >>> roles, notes = current_roles(("scoring", "trainer"))
+    >>> roles, notes[0][:50]
+    (('scoring', 'batch'), 'agentstream: replay role `trainer` is now `batch`;')
+    """
+    notes = [
+        f"agentstream: replay role `{r}` is now `{RENAMED_ROLES[r]}`; the old name goes in the next release"
+        for r in dict.fromkeys(roles)
+        if r in RENAMED_ROLES
+    ]
+    return tuple(RENAMED_ROLES.get(r, r) for r in roles), notes
 
 
 def check_judge() -> None:
@@ -211,22 +229,11 @@ def read_ends(bootstrap: str, names: tuple[str, ...]) -> dict[tuple[str, int], i
 def commit_starts(bootstrap: str, plan: ReplayPlan) -> None:
     """Commit each role's start offsets for its new group, so its worker begins there (a new group
     with nothing committed would start at the beginning)."""
-    from kafka import TopicPartition
-    from kafka.structs import OffsetAndMetadata
-
-    from clients.kafka import make_consumer
+    from clients.kafka.groups import commit_group_offsets
 
     for role in plan.roles:
-        offsets = {
-            TopicPartition(t, p): OffsetAndMetadata(plan.starts.get((t, p), 0), "", -1)
-            for (t, p) in plan.ends
-            if t in SOURCES[role]
-        }
-        consumer = make_consumer(bootstrap, CLIENT_ID, plan.group(role))
-        try:
-            consumer.commit(offsets)
-        finally:
-            consumer.close()
+        offsets = {(t, p): plan.starts.get((t, p), 0) for (t, p) in plan.ends if t in SOURCES[role]}
+        commit_group_offsets(bootstrap, plan.group(role), offsets)
 
 
 def remaining(committed: dict[tuple[str, int], int], plan: ReplayPlan, role: str) -> int:

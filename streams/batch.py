@@ -9,26 +9,19 @@ outputs (deterministic event ids), which every consumer drops by `event_id`.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from clients.kafka.dead_letters import letter_for
+from clients.kafka.poison import is_poison
 from schemas.codec import decode
-from schemas.deadletter import record_dead_letter
 from schemas.errors import DecodeError
 from schemas.events import DeadLetter, EventBase
 from schemas.records import Record
 from streams.errors import BatchFailed
 
-log = logging.getLogger(__name__)
-
 STATE = "state"  # the table every role has: per-trajectory state
-MAX_REASON_CHARS = 2_000  # of a dead letter's reason: an exception's text may quote the whole input
-# Failures that say nothing about the record: the role exits and replays from its committed offsets.
-# An error class may also say so itself with a true `retryable` attribute (the judge's ledger).
-RETRYABLE = (BatchFailed, ConnectionError, TimeoutError, asyncio.TimeoutError, OSError)
 
 StateGetter = Callable[[bytes], bytes | None]
 
@@ -84,23 +77,16 @@ def decode_record(stage: str, record: Record, result: BatchResult) -> EventBase 
     return None
 
 
-def letter_for(stage: str, record: Record, reason: str, error_type: str) -> DeadLetter:
-    """A dead letter for `record`, naming its coordinates (logged as one line)."""
-    reason = reason if len(reason) <= MAX_REASON_CHARS else reason[:MAX_REASON_CHARS] + "..."
-    log.warning("%s: dead letter from %s: %s", stage, record.describe(), reason)
-    return record_dead_letter(stage, record, reason, error_type)
-
-
 def is_retryable(exc: BaseException) -> bool:
-    """Whether a failure is the world's (the broker, the network, the disk, a shared ledger: worth
-    a restart from the committed offsets) rather than the input's (poison: to the DLQ).
+    """Whether a failure is the world's (the broker, the network, the disk, a shared ledger: the role
+    exits and replays from its committed offsets) rather than the input's (poison: to the DLQ).
+    Decided by `clients.kafka.poison.is_poison`, as for every consuming stage; the shell's own
+    `BatchFailed` (an output not acknowledged, an offset gap) is the world's too.
 
     >>> is_retryable(ConnectionError("refused")), is_retryable(KeyError("step_index"))
     (True, False)
     """
-    if isinstance(exc, RETRYABLE) or getattr(exc, "retryable", False) is True:
-        return True
-    return type(exc).__module__.split(".", 1)[0] in ("aiokafka", "kafka")
+    return isinstance(exc, BatchFailed) or not is_poison(exc)
 
 
 def poison_letter(stage: str, record: Record, exc: BaseException) -> DeadLetter:

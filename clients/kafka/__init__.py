@@ -1,10 +1,12 @@
 """How every part of agentstream talks to Kafka: one producer / consumer / admin factory with one
-set of limits, topic creation from the registry, and read-to-end.
+set of limits, topic creation from the registry, read-to-end, and the broker reachability probe.
 
 The parts (none of them creates a client; they take one from this factory):
 - `clients.kafka.ranges`: read a topic range to its end; follow a topic.
 - `clients.kafka.consume`: the consume -> handle -> write -> dead-letter -> commit loop.
 - `clients.kafka.dead_letters`: a refused record as a `dead.letter` with its source coordinates.
+- `clients.kafka.poison`: poison (dead-letter the record) or outage (exit, read it again).
+- `clients.kafka.groups`: commit a consumer group's offsets from outside it (rewind, skip, replay).
 - `clients.kafka.record_batches`: send messages as one record batch per partition (aiokafka).
 
 Works against the embedded broker and Apache Kafka alike (only the bootstrap address differs).
@@ -89,6 +91,23 @@ def make_admin(bootstrap_servers: str, client_id: str, **overrides: Any):
     from kafka.admin import KafkaAdminClient
 
     return KafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id=client_id, **overrides)
+
+
+async def broker_reachable(bootstrap_servers: str, timeout_s: float = 2.0) -> bool:
+    """Whether any bootstrap address answers a Kafka ApiVersions request within `timeout_s` (a
+    health probe: any failure to answer is False, never raised)."""
+    import asyncio
+
+    from aiokafka.client import AIOKafkaClient
+
+    client = AIOKafkaClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await asyncio.wait_for(client.bootstrap(), timeout_s)
+        return True
+    except Exception:
+        return False
+    finally:
+        await client.close()
 
 
 def read_to_end(

@@ -7,8 +7,9 @@ committed before what it covers is written, so a kill -9 anywhere re-delivers fr
 and loses nothing acknowledged.
 
 What is poison (the record's fault, the same on every replay) versus an outage (the broker, the
-disk, the device: raised, the process exits and the record is read again) is decided here, once
-(`is_poison`, `refusal`).
+disk, the device: raised, the process exits and the record is read again) is decided by
+`clients.kafka.poison.is_poison`, which the stream roles' batch shell uses too; `refusal` turns a
+poison into a letter's reason.
 
 The same steps run over either client: `ConsumeLoop.run` cycles a kafka-python consumer (the
 trainer consumer, the executor), `ConsumeLoop.run_async` an aiokafka one (the sink). Under
@@ -33,16 +34,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from clients.kafka.dead_letters import letter_for, publish_dead_letters
+from clients.kafka.poison import is_poison
 from clients.kafka.ranges import as_record, topic_partitions
 from schemas.errors import DecodeError
 from schemas.events import DeadLetter
 from schemas.records import Record
 
 log = logging.getLogger(__name__)
-
-# The record's own fault even though they are OS errors: the file an event points to is not there,
-# not a file, or not ours to read. Any other OSError is the machine's.
-POISON_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 Partition = tuple[str, int]
 
@@ -68,20 +66,6 @@ class RecordHandler(Protocol):
     def commit_positions(self, consumed: dict[Partition, int]) -> dict[Partition, int]:
         """Of the positions consumed, what may be committed now (held back by pending work, or by a
         write not yet durable). A partition the loop no longer consumes is dropped from the answer."""
-
-
-def is_poison(exc: BaseException) -> bool:
-    """The record's fault: it fails the same way on every replay.
-
-    >>> is_poison(FileNotFoundError("x")), is_poison(ConnectionError()), is_poison(KeyError("prompt"))
-    (True, False, True)
-    """
-    from aiokafka.errors import KafkaError as AsyncKafkaError
-    from kafka.errors import KafkaError as SyncKafkaError
-
-    if isinstance(exc, POISON_OS_ERRORS):
-        return True
-    return not isinstance(exc, SyncKafkaError | AsyncKafkaError | OSError | MemoryError)
 
 
 def refusal(exc: BaseException, refused: str) -> tuple[str, str] | None:

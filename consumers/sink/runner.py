@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clients.fetch_pacing import IDLE_WAIT_HELP, IDLE_WAIT_MS, max_wait_option, min_bytes_option, pace_fetches
-from clients.kafka import ensure_topics, make_async_consumer, make_consumer, make_producer
+from clients.kafka import ensure_topics, make_async_consumer, make_producer
 from clients.kafka.consume import ConsumeLoop, LoopConfig, Partition, refusal
 from clients.kafka.dead_letters import letter_for, publish_dead_letters
-from clients.kafka.ranges import topic_partitions
+from clients.kafka.groups import commit_group_offsets, topic_offsets
 from consumers.errors import ConsumerConfigError
 from consumers.sink.clickhouse import ClickHouseSink
 from consumers.sink.rows import dead_letter_row, rows_for
@@ -242,18 +242,10 @@ def _consumer(config: SinkConfig):
 
 
 def rewind_group(config: SinkConfig) -> None:
-    """Commit offset 0 on every partition for the sink's group (a full replay on next start)."""
-    from kafka.structs import OffsetAndMetadata
-
-    consumer = make_consumer(config.bootstrap_servers, f"{config.group_id}-rewind", config.group_id)
-    try:
-        partitions = topic_partitions(consumer, config.topics)
-        consumer.assign(partitions)
-        beginnings = consumer.beginning_offsets(partitions)
-        consumer.commit({tp: OffsetAndMetadata(beginnings[tp], "", -1) for tp in partitions})
-        log.info("rewound group %s to the beginning of %d partitions", config.group_id, len(partitions))
-    finally:
-        consumer.close()
+    """Commit the first offset of every partition for the sink's group (a full replay on next start)."""
+    beginnings = topic_offsets(config.bootstrap_servers, config.topics, "beginning")
+    commit_group_offsets(config.bootstrap_servers, config.group_id, beginnings)
+    log.info("rewound group %s to the beginning of %d partitions", config.group_id, len(beginnings))
 
 
 def write_ready_file(path: Path, url: str) -> None:

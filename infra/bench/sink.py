@@ -106,20 +106,10 @@ def throughput_once(root: Path, bootstrap: str, steps: int, repeat: int) -> floa
 def skip_to_end(bootstrap: str, group: str) -> None:
     """Commit the end of every registry partition for `group`, so its sink starts with no backlog
     (the throughput runs left tens of thousands of steps on the topic)."""
-    from kafka.structs import OffsetAndMetadata
-
-    from clients.kafka import make_consumer
-    from clients.kafka.ranges import topic_partitions
+    from clients.kafka.groups import commit_group_offsets, topic_offsets
     from schemas.topics import TOPICS
 
-    consumer = make_consumer(bootstrap, "bench-sink-skip", group)
-    try:
-        parts = topic_partitions(consumer, TOPICS)
-        consumer.assign(parts)
-        ends = consumer.end_offsets(parts)
-        consumer.commit({tp: OffsetAndMetadata(ends[tp], "", -1) for tp in parts})
-    finally:
-        consumer.close()
+    commit_group_offsets(bootstrap, group, topic_offsets(bootstrap, TOPICS, "end"))
 
 
 def latency_at(bootstrap: str, url: str, rate: int, duration_s: float) -> list[float]:

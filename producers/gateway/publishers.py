@@ -1,6 +1,7 @@
 """How the gateway sends accepted events to Kafka: one publisher per client library, both built by
 `clients.kafka` with the project's limits (acks=all), both answering per record whether the broker
-acknowledged it in time. Also the broker reachability check behind `GET /healthz`."""
+acknowledged it in time. (The broker reachability probe behind `GET /healthz` is
+`clients.kafka.broker_reachable`.)"""
 
 from __future__ import annotations
 
@@ -169,17 +170,3 @@ class KafkaPythonPublisher(_Publisher):
 
 def make_publisher(config: GatewayConfig) -> AioKafkaPublisher | KafkaPythonPublisher:
     return AioKafkaPublisher(config) if config.client == "aiokafka" else KafkaPythonPublisher(config)
-
-
-async def broker_reachable(bootstrap_servers: str, timeout_s: float = 2.0) -> bool:
-    """Whether any bootstrap address answers a Kafka ApiVersions request."""
-    from aiokafka.client import AIOKafkaClient
-
-    client = AIOKafkaClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000))
-    try:
-        await asyncio.wait_for(client.bootstrap(), timeout_s)
-        return True
-    except Exception:
-        return False
-    finally:
-        await client.close()

@@ -31,8 +31,8 @@ settings file): secrets are replaced by `[REDACTED:<detector>]` and counted in `
 
 This module is the HTTP shell (aiohttp handlers, `create_app`, `serve`). The pure core - config,
 API keys, body -> events or errors - is `producers.gateway.requests`; sending to Kafka is
-`producers.gateway.publishers`; the OpenAPI document is `producers.gateway.openapi`. Their public names are
-re-exported here.
+`producers.gateway.publishers`; the OpenAPI document is `producers.gateway.openapi`. Import their names
+from those modules.
 """
 
 from __future__ import annotations
@@ -42,15 +42,10 @@ import uuid
 
 import orjson
 
+from clients.kafka import broker_reachable
 from producers.errors import RequestRejected
-from producers.gateway.publishers import (
-    AioKafkaPublisher,
-    KafkaPythonPublisher,
-    broker_reachable,
-    make_publisher,
-)
+from producers.gateway.publishers import make_publisher
 from producers.gateway.requests import (
-    ACCEPTED_TYPES,
     POLICY,
     STAGE,
     GatewayConfig,
@@ -58,10 +53,8 @@ from producers.gateway.requests import (
     content_encoding,
     decoded_body,
     field_error,
-    hash_key,
     key_allowed,
     parse_body,
-    parse_key_hashes,
     presented_key,
     too_large,
 )
@@ -71,25 +64,7 @@ from producers.redaction_settings import load_redactor
 from schemas.codec import encode, encode_key
 from schemas.topics import DLQ, topic_for
 
-# the names users and tests import from here, wherever they live now
-__all__ = [
-    "ACCEPTED_TYPES",
-    "POLICY",
-    "AioKafkaPublisher",
-    "GatewayConfig",
-    "KafkaPythonPublisher",
-    "RequestRejected",
-    "broker_reachable",
-    "check_events",
-    "create_app",
-    "hash_key",
-    "key_allowed",
-    "make_publisher",
-    "parse_body",
-    "parse_key_hashes",
-    "presented_key",
-    "serve",
-]
+__all__ = ["create_app", "serve"]
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from clients.kafka.dead_letters import letter_for
 from schemas import topics
 from schemas.events import EpisodeStarted, RuleRewardStep
 from schemas.records import Record
@@ -36,7 +37,6 @@ from streams.batch import (
     by_trajectory,
     decode_records,
     is_retryable,
-    letter_for,
 )
 from streams.rules.profiles import ProfileRegistry
 

@@ -28,9 +28,10 @@ from datetime import datetime
 
 import orjson
 
+from clients.kafka.dead_letters import letter_for
 from schemas.events import EpisodeEnded, EpisodeStarted, EventBase, StepRecorded, utc_now
 from schemas.records import Record
-from streams.batch import BatchResult, decode_record, letter_for
+from streams.batch import BatchResult, decode_record
 from streams.judge.budget import SpendBudget
 from streams.judge.cache import ReplyCache
 from streams.judge.calls import JudgeCalls, JudgeStats, Outcome
@@ -57,7 +58,7 @@ log = logging.getLogger(__name__)
 
 NAME = "judge"
 
-__all__ = ["JudgeProcessor", "JudgeStats"]
+__all__ = ["JudgeProcessor"]
 
 
 class JudgeProcessor:

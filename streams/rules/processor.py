@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from clients.kafka.dead_letters import letter_for
 from schemas import topics
 from schemas.events import EpisodeStarted, RuleRewardStep, StepRecorded
 from schemas.records import Record
@@ -27,7 +28,6 @@ from streams.batch import (
     StateGetter,
     by_trajectory,
     decode_records,
-    letter_for,
 )
 from streams.rules.profiles import ProfileRegistry
 from streams.rules.rewards import REWARD_VERSION

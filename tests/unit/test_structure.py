@@ -11,6 +11,11 @@
 - no Kafka consumer, producer or admin client built outside `clients/` (everything else takes one
   from the factory in `clients.kafka`, with its one set of limits); tests may build raw ones;
 - product code never imports the tests (nor starts a tests module as a child);
+- every name has one home, and importers (product and tests) import it from there: an `__all__`
+  lists only names its module defines (def, class, assignment); a package `__init__` imports no
+  project name that its own code does not use (a docstring-only `__init__`, or one whose code uses
+  what it imports, is fine) and has no `__getattr__`; `from M import name` needs `name` defined in
+  M (or to be a submodule of M). Only PUBLIC_FACES, the documented user APIs, re-export;
 - no module over 500 lines; no function over 50 lines unless its docstring says why ("Long: ...").
 
 The checkers are functions of a graph, so the last tests run them on a small tree with a deliberate
@@ -58,10 +63,20 @@ KAFKA_CLIENTS = (
     "AIOKafkaProducer",
     "KafkaAdminClient",
     "AIOKafkaAdminClient",
+    "KafkaClient",  # the bare network clients (a reachability probe builds one)
+    "AIOKafkaClient",
 )
 KAFKA_CLIENT_HOME = "clients"  # the one package that builds them (clients.kafka's factory)
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 50
+# The documented user APIs (README.md, producers/README.md, docs/): the only modules that re-export
+# names from their parts. Everything else is imported from the module that defines it.
+PUBLIC_FACES = {
+    "schemas",  # `from schemas import StepRecorded, encode, ...` (docs/architecture.md)
+    "schemas.events",  # the event models by family (docs/reward-definitions.md)
+    "producers",  # `from producers import AgentRecorder, ...` (README.md, producers/README.md)
+    "producers.envs",  # the env registry: `producers.envs.make("calc")` (docs/operations.md)
+}
 
 
 def modules_under(root: Path, packages: Iterable[str]) -> dict[str, Path]:
@@ -256,6 +271,110 @@ def _tests_named(node: ast.AST) -> list[str]:
     return [n for n in names if n == "tests" or n.startswith("tests.")]
 
 
+def _top_level_names(tree: ast.Module) -> tuple[set[str], dict[str, ast.Import | ast.ImportFrom]]:
+    """Names a module defines at its top level (def, class, assignment; inside `if`/`try` too) and the
+    names it binds by import (name -> the import statement)."""
+    defined: set[str] = set()
+    imported: dict[str, ast.Import | ast.ImportFrom] = {}
+    body = list(tree.body)
+    while body:
+        node = body.pop()
+        if isinstance(node, ast.If | ast.Try):
+            body += [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+            body += [s for handler in getattr(node, "handlers", []) for s in handler.body]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            imported |= {a.asname or a.name.split(".")[0]: node for a in node.names}
+    return defined, imported
+
+
+def _source_of(node: ast.ImportFrom, importer: str, path: Path) -> str:
+    """The absolute module name a `from ... import` reads from (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
+    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+    return ".".join([*anchor, node.module] if node.module else anchor)
+
+
+def foreign_exports(modules: dict[str, Path], faces: Iterable[str]) -> list[str]:
+    """Names in a module's `__all__` that the module does not define (it only imported them), outside
+    the public faces."""
+    found = []
+    for name, path in modules.items():
+        if name in faces:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined, _ = _top_level_names(tree)
+        for node in tree.body:
+            if not isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign) or node.value is None:
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                listed = [c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)]
+                found += [f"{name}:{node.lineno} {n}" for n in listed if n not in defined]
+    return found
+
+
+def package_reexports(modules: dict[str, Path], faces: Iterable[str]) -> list[str]:
+    """Names a package `__init__` (outside the public faces) imports from the project and never uses
+    itself, and `__getattr__` hooks there (the lazy form of the same)."""
+    found = []
+    for name, path in modules.items():
+        if path.name != "__init__.py" or name in faces:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        defined, imported = _top_level_names(tree)
+        for bound, node in imported.items():
+            source = _source_of(node, name, path) if isinstance(node, ast.ImportFrom) else bound
+            if _owner(source, modules) and bound not in used:
+                found.append(f"{name}:{node.lineno} {bound}")
+        if "__getattr__" in defined:
+            found.append(f"{name}: __getattr__")
+    return found
+
+
+def imports_through_other_modules(
+    importers: dict[str, Path], modules: dict[str, Path], faces: Iterable[str]
+) -> list[str]:
+    """`from M import name` (any depth, tests included) where project module M is not a public face
+    and does not define `name` (nor is `name` a submodule of M): the name has a home elsewhere."""
+    bindings = {m: _top_level_names(ast.parse(p.read_text(encoding="utf-8"))) for m, p in modules.items()}
+    found = []
+    for importer, path in importers.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _source_of(node, importer, path)
+            if source not in modules or source in faces:
+                continue
+            for alias in node.names:
+                if f"{source}.{alias.name}" not in modules and alias.name not in bindings[source][0]:
+                    home = _home(source, alias.name, modules, bindings)
+                    found.append(f"{importer}:{node.lineno} {source}.{alias.name} (defined in {home})")
+    return found
+
+
+def _home(module: str, name: str, modules: dict[str, Path], bindings: dict) -> str:
+    """Where `name`, as seen from `module`, is defined: followed through the imports that bind it."""
+    for _ in range(len(modules)):  # at most one hop per module
+        defined, imported = bindings[module]
+        node = imported.get(name)
+        if name in defined or not isinstance(node, ast.ImportFrom):
+            return module if name in defined else f"nowhere: {module} does not bind it"
+        source = _source_of(node, module, modules[module])
+        name = next(a.name for a in node.names if (a.asname or a.name) == name)
+        if source not in modules:
+            return source
+        module = source
+    return "?"
+
+
 def test_layers_import_only_downward():
     bad = []
     for name, targets in GRAPH.items():
@@ -306,6 +425,26 @@ def test_product_code_does_not_import_the_tests():
     )
 
 
+def test_all_lists_only_names_the_module_defines():
+    found = foreign_exports(MODULES, PUBLIC_FACES)
+    assert not found, "`__all__` naming what its module only imported (import from the home):\n" + "\n".join(
+        found
+    )
+
+
+def test_package_inits_do_not_re_export():
+    found = package_reexports(MODULES, PUBLIC_FACES)
+    assert not found, "package __init__s re-exporting names of their parts (or PUBLIC_FACES):\n" + "\n".join(
+        found
+    )
+
+
+def test_names_are_imported_from_the_module_that_defines_them():
+    importers = modules_under(REPO, [*RANK, "tests"])
+    found = imports_through_other_modules(importers, MODULES, PUBLIC_FACES)
+    assert not found, "names imported through a module that only imported them:\n" + "\n".join(found)
+
+
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_module_is_at_most_500_lines(name):
     lines = MODULES[name].read_text(encoding="utf-8").count("\n")
@@ -334,7 +473,7 @@ _TREE = {
     "infra/terminal/output.py": "from infra.errors import InfraError\n\n\ndef say(text): ...\n",
     "infra/commands/__init__.py": "",
     "infra/commands/sql.py": "from infra.terminal.output import say\n",
-    "infra/cli/__init__.py": "from infra.cli.main import main\n",
+    "infra/cli/__init__.py": '"""The command line."""\n',
     "infra/cli/main.py": "from infra.commands import sql\n\n\ndef main(): ...\n",
 }
 _FAKE_RANK = {"errors": 0, "terminal": 1, "commands": 2, "cli": 3}
@@ -355,6 +494,9 @@ def test_the_checks_pass_a_tree_without_back_edges(tmp_path):
     assert folder_cycles(graph, modules) == []
     assert import_strings(modules) == []
     assert module_flags(modules, "infra", "infra.runtime") == []
+    assert foreign_exports(modules, set()) == []
+    assert package_reexports(modules, set()) == []
+    assert imports_through_other_modules(modules, modules, set()) == []
 
 
 def test_the_checks_report_a_deliberate_back_edge(tmp_path):
@@ -402,6 +544,8 @@ def test_the_check_reports_kafka_clients_built_outside_clients(tmp_path):
         "infra/status.py": "from kafka import admin\n\nA = admin.KafkaAdminClient(bootstrap_servers='x')\n",
         "infra/bench/__init__.py": "",
         "infra/bench/broker.py": "from aiokafka import admin\n\na = admin.AIOKafkaAdminClient()\n",
+        "infra/probe.py": "from aiokafka.client import AIOKafkaClient\n\nc = AIOKafkaClient()\n",
+        "infra/wire.py": "from kafka import client_async\n\nk = client_async.KafkaClient()\n",
     }
     _fake_tree(tmp_path, extra)
     modules = modules_under(tmp_path, ["clients", "infra"])
@@ -410,7 +554,9 @@ def test_the_check_reports_kafka_clients_built_outside_clients(tmp_path):
         "infra.bench.broker:3 AIOKafkaAdminClient(...)",
         "infra.commands.sql:3 KafkaConsumer(...)",
         "infra.errors:5 AIOKafkaProducer(...)",
+        "infra.probe:3 AIOKafkaClient(...)",
         "infra.status:3 KafkaAdminClient(...)",
+        "infra.wire:3 KafkaClient(...)",
     ]
     assert kafka_clients_built(_fake_tree(tmp_path / "clean", {}), "clients") == []
 
@@ -429,3 +575,26 @@ def test_the_check_reports_product_code_that_uses_the_tests(tmp_path):
         "infra.commands.sql:2 tests.support.db",
     ]
     assert uses_of_tests(_fake_tree(tmp_path / "clean", {})) == []
+
+
+def test_the_checks_report_re_export_shims(tmp_path):
+    extra = {
+        "infra/cli/__init__.py": "from infra.cli.main import main\n",  # a shim: nothing here uses `main`
+        "infra/commands/__init__.py": "from infra.commands.sql import run\n\nRUNNERS = {'sql': run}\n",
+        "infra/commands/sql.py": "from infra.errors import InfraError\n\n__all__ = ['InfraError', 'run']\n"
+        "\n\ndef run():\n    raise InfraError('x')\n",
+        "infra/cli/main.py": "def main():\n    from infra.commands.sql import InfraError, run\n",
+        "infra/terminal/__init__.py": "from .output import say\n\n__all__ = ['say']\n",  # a public face
+    }
+    modules = _fake_tree(tmp_path, extra)
+    faces = {"infra.terminal"}
+    assert foreign_exports(modules, faces) == ["infra.commands.sql:3 InfraError"]
+    assert package_reexports(modules, faces) == ["infra.cli:1 main"]
+    assert imports_through_other_modules(modules, modules, faces) == [
+        "infra.cli.main:2 infra.commands.sql.InfraError (defined in infra.errors)"
+    ]
+    without_faces = sorted(foreign_exports(modules, set()))
+    assert without_faces == ["infra.commands.sql:3 InfraError", "infra.terminal:3 say"]
+    assert "infra.terminal:1 say" in package_reexports(modules, set())
+    lazy = {"infra/commands/__init__.py": "def __getattr__(name):\n    from infra.commands import sql\n"}
+    assert package_reexports(_fake_tree(tmp_path / "lazy", lazy), faces) == ["infra.commands: __getattr__"]

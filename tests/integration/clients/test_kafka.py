@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clients.kafka import MAX_REQUEST_BYTES, ensure_topics, make_producer, read_to_end
+from clients.kafka import MAX_REQUEST_BYTES, broker_reachable, ensure_topics, make_producer, read_to_end
 from schemas.topics import AGENT_EVENTS, TOPICS
 
 
@@ -47,3 +47,14 @@ def test_a_record_over_the_topic_limit_fails_loudly(broker):
 
 def test_read_to_end_of_a_missing_topic_is_empty(broker):
     assert read_to_end(broker.bootstrap, ["no.such.topic"], timeout_s=5) == []
+
+
+def test_broker_reachable_answers_true_for_the_broker_and_false_for_a_closed_port(broker):
+    import asyncio
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    assert asyncio.run(broker_reachable(broker.bootstrap)) is True
+    assert asyncio.run(broker_reachable(closed, timeout_s=1.0)) is False
