@@ -2,12 +2,15 @@
 and applies `schemas.policy_versions` (the newest `policy.updated` by version order).
 
 Every component that needs the current policy asks this reader (the policy server's reloader, the
-rollout's horizon and backpressure, the SDK's follower, the trainer's executor, learn); the trainer
-consumer, which reads the topic in its own loop, folds what it reads with the same
-`schemas.policy_versions.newer`. A reader remembers where it stopped and the newest event so far, so
-a repeated `current()` reads only what arrived since; a new reader (a restart) reads from the
-beginning and reaches the same answer. Reads go through `clients.kafka` (its factory and
-`ranges.iter_range`); this module holds no poll loop of its own.
+rollout's horizon and backpressure, the SDK's follower, learn). The batch builder (`agentstream
+batch`), which reads the topic in its own loop, folds what it reads with the same
+`schemas.policy_versions.newer`. The training executor does not ask: it numbers the versions it
+publishes itself (its checkpointed version counter, `consumers.training.versions`).
+
+A reader remembers where it stopped and the newest event so far, so a repeated `current()` reads
+only what arrived since; a new reader (a restart) reads from the beginning and reaches the same
+answer. Reads go through `clients.kafka` (its factory and `ranges.iter_range`); this module holds
+no poll loop of its own.
 
 A record that does not decode, or is not a `policy.updated`, is skipped with one error line naming
 its coordinates; an unknown-format version is logged once (it is current only while no numbered

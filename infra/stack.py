@@ -1,5 +1,5 @@
 """`agentstream up`: which processes make the embedded stack (broker, one stream worker per role,
-sink, trainer, optionally judge, gateway, policy server, training executor and the web console) and
+sink, batch builder, optionally judge, gateway, policy server, training executor and the web console) and
 where they keep their logs and state.
 
 The processes themselves are run by `infra.supervisor.Supervisor` (start order, readiness, restarts
@@ -37,8 +37,8 @@ class StackConfig:
     gateway_port: int = 8080
     policy: bool = False
     policy_port: int = 8000
-    trainer: bool = True
-    trainer_args: tuple[str, ...] = ()
+    batch: bool = True  # the batch builder, `agentstream batch` (component `batch`)
+    batch_args: tuple[str, ...] = ()
     train: bool = False
     train_args: tuple[str, ...] = ()
     console: bool = False  # `agentstream up` turns it on unless --no-console
@@ -95,13 +95,13 @@ def components(config: StackConfig) -> list[Component]:
         out.append(Component("sink", ("sink", "--ready-file", "run/sink.ready"), ready_file="run/sink.ready"))
     else:
         out.append(Component("sink", ("sink",)))
-    if config.trainer:
-        out.append(Component("trainer", ("batch", *config.trainer_args)))
-    if config.train:  # after the trainer whose batches it follows; `train_args` may override --kinds
+    if config.batch:
+        out.append(Component("batch", ("batch", *config.batch_args)))
+    if config.train:  # after the batch builder whose batches it follows; `train_args` may override --kinds
         out.append(Component("executor", ("train", "--follow", "--kinds", "grpo", *config.train_args)))
     if config.gateway:
         out.append(_server("gateway", config.gateway_port))
-    if config.policy:  # serves the trainer's newest checkpoint and follows policy.updated
+    if config.policy:  # serves the training executor's newest checkpoint and follows policy.updated
         out.append(_server("policy", config.policy_port))
     if config.console:
         out.append(_server("console", config.console_port))

@@ -28,10 +28,14 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """Import an export on first use (plain imports, so a renamed module fails lint, not users)."""
-    if name in ("AgentRecorder", "AsyncAgentRecorder", "Episode", "RecorderConfig"):
+    if name in ("AgentRecorder", "AsyncAgentRecorder", "Episode"):
         from producers.sdk import recorder
 
         return getattr(recorder, name)
+    if name == "RecorderConfig":
+        from producers.sdk.pipeline import RecorderConfig
+
+        return RecorderConfig
     if name in ("ProducerError", "RecorderBufferFull", "RecorderClosed", "EpisodeStateError", "SpoolError"):
         from producers import errors
 

@@ -32,7 +32,7 @@ ROLE_REGISTRARS = {
 }
 assert set(ROLE_REGISTRARS) == set(ROLES)
 
-__all__ = ["ROLE_REGISTRARS", "create_app", "import_faust"]
+__all__ = ["ROLE_REGISTRARS", "create_app"]
 
 
 def _broker_urls(bootstrap: str) -> list[str]:

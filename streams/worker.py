@@ -14,7 +14,8 @@ from dataclasses import replace
 from clients.kafka import ensure_topics, make_consumer
 from schemas import topics
 from streams.app import create_app
-from streams.config import WorkerConfig, WorkerConfigError
+from streams.config import WorkerConfig
+from streams.errors import WorkerConfigError
 from streams.faust_compat import import_faust
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 Partition = tuple[str, int]
 
-__all__ = ["Entry", "GroupLane", "Lane", "PlannedBatch", "Planner", "PlannerConfig", "split_by_definition"]
+__all__ = ["Entry", "GroupLane", "Lane", "PlannedBatch", "Planner", "split_by_definition"]
 
 
 def _layer_count(definition: str) -> int:

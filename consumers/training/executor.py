@@ -281,7 +281,7 @@ class TrainingExecutor:
         admission = admit_groups(rows, self.state.policy_version, self.config.max_staleness)
         for version in set(admission.unknown_versions) - self._warned_versions:
             self._warned_versions.add(version)
-            log.warning("executor: behaviour version %r has no number; its groups count as fresh", version)
+            log.warning("executor: behaviour version %r has no number: its groups are dropped", version)
         return admission
 
     def train_batch(

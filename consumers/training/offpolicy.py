@@ -1,10 +1,14 @@
-"""Off-policy maths of the GRPO executor, on plain values: version numbers, the staleness
-admission of whole groups, truncated importance weights, effective sample size and the learning
-rate schedule. No torch here (the tensor twins live in `losses.py`); nothing here does I/O.
+"""Off-policy maths of the GRPO executor, on plain values: the staleness admission of whole groups,
+truncated importance weights, effective sample size and the learning rate schedule. No torch here
+(the tensor twins live in `losses.py`); nothing here does I/O.
 
-- Versions: "base" / None / "" are 0, "vN" is N; a version without a number is unknown (None).
+- Versions are numbered by `schemas.policy_versions` (`base` is 0, `vN` is N); a row without a
+  version was sampled by `base`. Lags are `consumers.batching.builders.common.policy_lag`, the one
+  the GRPO builder's `max_policy_lag` uses too.
 - Staleness of a group = P - (oldest behaviour version number among its rows), P the version of the
-  weights being trained. A group is admitted whole iff staleness <= max_staleness, never in part.
+  weights being trained (`base` before any update). A group is admitted whole iff staleness <=
+  max_staleness, never in part. A group with a version whose lag cannot be measured (no number,
+  e.g. `nightly`) is dropped whole: it cannot be shown to be within the bound.
 - TIS (truncated importance sampling, token level): w = min(exp(logp_old - logp_behaviour), C).
 """
 
@@ -15,18 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.batching.builders.common import policy_number
-
-
-def version_number(version: str | None) -> int | None:
-    """The number of a policy version: base/None/"" -> 0, "v3" -> 3, unknown -> None.
-
-    >>> version_number("base"), version_number(None), version_number("v3"), version_number("x")
-    (0, 0, 3, None)
-    """
-    if not version or version == "base":
-        return 0
-    return policy_number(version)
+from consumers.batching.builders.common import policy_lag
 
 
 def behaviour_version(row: dict[str, Any]) -> str | None:
@@ -54,25 +47,28 @@ def _groups(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return list(groups.values())
 
 
-def group_staleness(group: list[dict[str, Any]], current: int) -> tuple[int, list[str]]:
-    """(staleness, unknown versions): current - the oldest known behaviour version number; unknown
-    versions count as current (staleness 0).
+def group_staleness(group: list[dict[str, Any]], current: str | None) -> tuple[int | None, list[str]]:
+    """(staleness, unknown versions): the largest lag of a row's behaviour version behind `current`;
+    None when some row's lag cannot be measured (those versions are the second item).
 
-    >>> group_staleness([{"behaviour_version": "v1"}, {"policy_version": "v3"}], current=4)
+    >>> group_staleness([{"behaviour_version": "v1"}, {"policy_version": "v3"}], current="v4")
     (3, [])
+    >>> group_staleness([{"policy_version": "nightly"}, {"policy_version": "v3"}], current="v4")
+    (None, ['nightly'])
     """
-    numbers, unknown = [], []
+    lags, unknown = [], []
     for row in group:
         version = behaviour_version(row)
-        number = version_number(version)
-        if number is None:
+        lag = policy_lag(version, current)
+        if lag is None:
             unknown.append(str(version))
-        numbers.append(current if number is None else number)
-    return current - min(numbers), unknown
+        lags.append(lag)
+    return (None if unknown else max(lags)), unknown
 
 
 def admit_groups(rows: list[dict[str, Any]], current: str | None, max_staleness: int) -> Admission:
-    """Admit whole groups sampled at most `max_staleness` versions before `current`.
+    """Admit whole groups sampled at most `max_staleness` versions before `current`; a group whose
+    staleness cannot be measured is dropped (its versions are `unknown_versions`).
 
     >>> rows = [{"group_id": "a", "policy_version": "v1"}, {"group_id": "a", "policy_version": "v3"},
     ...         {"group_id": "b", "policy_version": "v2"}]
@@ -80,12 +76,11 @@ def admit_groups(rows: list[dict[str, Any]], current: str | None, max_staleness:
     >>> len(out.rows), out.dropped_groups, out.staleness_histogram, out.behaviour_versions
     (1, 1, {'2': 1}, ['v2'])
     """
-    now = version_number(current) or 0
     out, histogram, versions, unknown = Admission(), Counter(), set(), set()
     for group in _groups(rows):
-        staleness, strange = group_staleness(group, now)
+        staleness, strange = group_staleness(group, current)
         unknown.update(strange)
-        if staleness > max_staleness:
+        if staleness is None or staleness > max_staleness:
             out.dropped_groups += 1
             continue
         out.trained_groups += 1

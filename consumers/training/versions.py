@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from consumers.training.offpolicy import version_number
 from schemas.events import PolicyUpdated, utc_now
 from schemas.ids import derived_event_id
+from schemas.policy_versions import version_number
 
 
 @dataclass

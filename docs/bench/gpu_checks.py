@@ -91,7 +91,8 @@ def _model_dir(args, work: Path) -> Path:
 def engine(args, work: Path) -> dict:
     from infra.bench.policy.client_load import PROMPTS
     from infra.bench.policy.reload import make_checkpoint
-    from producers.policy.engine import LocalEngine, SamplingParams
+    from producers.policy.engine.local import LocalEngine
+    from producers.policy.engine.sampling import SamplingParams
 
     base = _model_dir(args, work)
     eng, load_s = _timed(lambda: LocalEngine(base, device=args.device))
@@ -183,7 +184,7 @@ def _engine_reads_trainer(args, base: Path, executor, row: dict) -> dict:
     """The executor's latest adapter checkpoint in LocalEngine: its logprobs against the trainer's."""
     import torch
 
-    from producers.policy.engine import LocalEngine
+    from producers.policy.engine.local import LocalEngine
 
     enc = executor.encode_row(row)
     cut = next(i for i, lab in enumerate(enc.labels) if lab != -100)

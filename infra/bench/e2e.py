@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from infra.options.env import add_option
 from infra.terminal.output import say
 from streams.config import DEFAULT_ROLES
 
@@ -34,7 +35,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--processes", type=int, default=2, help="load-generating processes")
     parser.add_argument("--drain-timeout", type=float, default=120.0, help="max seconds to wait for catch-up")
     parser.add_argument("--plot", default="bench-results/e2e.png", help="latency distribution PNG")
-    parser.add_argument("--keep-data", action="store_true", help="keep the stack's data directory")
+    add_option(parser, "--keep-data", action="store_true", help="keep the stack's data directory")
     parser.add_argument(
         "--roles",
         default=",".join(DEFAULT_ROLES),

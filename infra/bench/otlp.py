@@ -156,7 +156,7 @@ def run(args) -> dict:
 
 
 def _start_gateway(root: Path, bootstrap: str) -> Child:
-    from producers.gateway.server import hash_key
+    from producers.gateway.requests import hash_key
 
     ready = root / "gateway.ready"  # --data-dir: its step cursor on disk under root, as in production
     args = [*AGENTSTREAM, "gateway", "--bootstrap-servers", bootstrap, "--port", "0", "--api-key-hashes",
@@ -189,14 +189,13 @@ def _row(url: str, fmt: str, args, repeats: int) -> dict:
 
 
 def _events_on(bootstrap: str) -> int:
-    from kafka import TopicPartition
-
     from clients.kafka import make_consumer
+    from clients.kafka.ranges import topic_partitions
     from schemas.topics import AGENT_EVENTS
 
     consumer = make_consumer(bootstrap, "agentstream-bench-otlp")
     try:
-        tps = [TopicPartition(AGENT_EVENTS, p) for p in consumer.partitions_for_topic(AGENT_EVENTS) or ()]
-        return sum(consumer.end_offsets(tps).values())
+        tps = topic_partitions(consumer, [AGENT_EVENTS])
+        return sum(consumer.end_offsets(tps).values()) if tps else 0
     finally:
         consumer.close()

@@ -235,7 +235,7 @@ def _gateway_row(address: str, root: Path, client: str, args, repeats: int) -> d
     """The gateway with `client` as its producer, under `args.concurrency` concurrent requests."""
     import asyncio
 
-    from producers.gateway.server import hash_key
+    from producers.gateway.requests import hash_key
 
     gateway = start_gateway(root, address, client, hash_key(GATEWAY_KEY))
     try:

@@ -22,7 +22,9 @@ START, END = "<!-- bench:e2e -->", "<!-- /bench:e2e -->"
 SUMMARY_START, SUMMARY_END = "<!-- bench:e2e-summary -->", "<!-- /bench:e2e-summary -->"
 FULL_TABLE_LINK = "docs/benchmarks.md#e2e-the-whole-stack-generated"
 
-STACK_ORDER = ("broker", "scoring", "rules", "assembler", "sink", "trainer")
+STACK_ORDER = ("broker", "scoring", "rules", "assembler", "sink", "batch")
+# Component names of earlier runs' JSON, shown under today's: old -> new (the batch builder was "trainer").
+RENAMED_COMPONENTS = {"trainer": "batch"}
 CPU_TARGET_S_PER_1K = 0.300  # stack CPU seconds per 1,000 steps at 1,000 steps/s
 SDK_TARGET_US = 50.0  # SDK CPU per step (bench produce, flat out)
 SUSTAINED_RATE, SUSTAINED_P99_MS = 5000.0, 2000.0
@@ -117,8 +119,17 @@ def _stack(e2e: dict) -> str:
     return ", stream roles: " + ", ".join(stack["roles"]) + (f" × {workers}" if workers != 1 else "")
 
 
+def current_names(row: dict) -> dict:
+    """A per-process row with earlier runs' component names under today's (`RENAMED_COMPONENTS`).
+
+    >>> current_names({"sink": 0.1, "trainer": 0.2})
+    {'sink': 0.1, 'batch': 0.2}
+    """
+    return {RENAMED_COMPONENTS.get(name, name): value for name, value in row.items()}
+
+
 def _table(e2e: dict) -> list[str]:
-    cpu = {row["offered steps/s"]: row for row in e2e.get("cpu_s_per_1k_steps", [])}
+    cpu = {row["offered steps/s"]: current_names(row) for row in e2e.get("cpu_s_per_1k_steps", [])}
     names = [n for n in STACK_ORDER if any(n in r for r in cpu.values())]
     head = ["offered steps/s", "achieved", "all in CH", "rule p50 / p99 ms", "trajectory p50 / p99 ms"]
     head += ["stack CPU", *names, "agents (SDK)"]
@@ -174,8 +185,8 @@ def _idle(e2e: dict) -> list[str]:
     >>> _idle({})
     []
     """
-    idle = e2e.get("idle_cpu_ms_per_s")
-    if not idle or idle.get("stack") is None:
+    idle = current_names(e2e.get("idle_cpu_ms_per_s") or {})
+    if idle.get("stack") is None:
         return []
     names = [n for n in STACK_ORDER if idle.get(n) is not None]
     parts = ", ".join(f"{n} {_n(idle[n], 1)}" for n in names)

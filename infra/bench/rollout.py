@@ -73,7 +73,7 @@ def _measure_rollouts(root: Path, bootstrap: str, levels: list[int], args) -> di
     from consumers.tiny_model import tiny_model_dir
     from infra.bench.policy.servers import policy_servers
     from producers.envs.tasks import builtin_tasks
-    from producers.policy.engine import LocalEngine
+    from producers.policy.engine.local import LocalEngine
     from producers.policy.service import PolicyService
     from producers.sdk.recorder import AgentRecorder
 
@@ -134,7 +134,7 @@ def _rollout_row(level: int, results: list[dict]) -> dict:
 def sandbox_overhead(calls: int) -> dict:
     """p50/p99 (ms) of a `true` through `LocalSandbox.run("shell")` and of a bare `subprocess.run`,
     interleaved call by call (after a few warm-up calls each), and the ratio of the p50s."""
-    from producers.sandbox import LocalSandbox
+    from producers.sandbox.local import LocalSandbox
 
     durations: dict[str, list[float]] = {"sandbox": [], "bare": []}
     box = LocalSandbox()  # its own temp root: the unprivileged uid must be able to reach it

@@ -30,7 +30,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from infra.options.env import add_option
 from infra.runtime import agentstream_argv, python_module_argv, stop_child
+from schemas.records import Record
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rate", type=float, default=1000.0, help="offered load for latency (steps/s)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of offered load for latency")
     parser.add_argument("--broker-flush", default="always", help="broker flush policy: always | interval")
-    parser.add_argument("--skip-baseline", action="store_true", help="do not run the plain faust agent")
+    add_option(parser, "--skip-baseline", action="store_true", help="do not run the plain faust agent")
 
 
 def run(args) -> dict:
@@ -159,9 +161,9 @@ def _publish_batch(bootstrap: str, tag: str, trajectories: int, steps: int) -> i
 
 
 def _count(consumer, topic: str) -> int:
-    from kafka import TopicPartition
+    from clients.kafka.ranges import topic_partitions
 
-    parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+    parts = topic_partitions(consumer, [topic])
     return sum(consumer.end_offsets(parts).values()) if parts else 0
 
 
@@ -288,18 +290,17 @@ def _latency(bootstrap: str, scratch: Path, rate: float, duration: float, steps:
         _stop(proc)
 
 
-def _read_all(bootstrap: str, topic: str):
-    from kafka import TopicPartition
-
+def _read_all(bootstrap: str, topic: str) -> list[Record]:
+    """Every record of `topic` up to its end offsets now; a read that does not get there in 120 s
+    raises (`ReadIncomplete`) rather than measure latencies on part of the records."""
     from clients.kafka import make_consumer
+    from clients.kafka.ranges import iter_range, topic_partitions
 
-    consumer = make_consumer(bootstrap, CLIENT_ID, consumer_timeout_ms=3000)
-    parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-    consumer.assign(parts)
-    consumer.seek_to_beginning(*parts)
-    records = list(consumer)
-    consumer.close()
-    return records
+    consumer = make_consumer(bootstrap, CLIENT_ID)
+    try:
+        return list(iter_range(consumer, topic_partitions(consumer, [topic]), timeout_s=120, strict=True))
+    finally:
+        consumer.close()
 
 
 def _join_latencies(bootstrap: str) -> list[float]:
@@ -310,13 +311,13 @@ def _join_latencies(bootstrap: str) -> list[float]:
         if rec.key and rec.key.startswith(b"lat-"):
             event = orjson.loads(rec.value)
             if event["type"] == "step.recorded":
-                sent[event["event_id"]] = rec.timestamp
+                sent[event["event_id"]] = rec.timestamp_ms
     out = []
     for rec in _read_all(bootstrap, "reward.rule"):
         if rec.key and rec.key.startswith(b"lat-"):
             source = orjson.loads(rec.value)["source_event_id"]
             if source in sent:
-                out.append(float(rec.timestamp - sent.pop(source)))
+                out.append(float(rec.timestamp_ms - sent.pop(source)))
     return out
 
 

@@ -35,7 +35,7 @@ def add_arguments(parser) -> None:
     add_option(parser, "--heads", type=int, default=4, help="model built from config: attention heads")
     add_option(parser, "--kv-heads", type=int, default=2, help="model built from config: key/value heads")
     add_option(parser, "--device", help="cpu / cuda (default: cuda when available)")
-    add_option(parser, "--lora", action="store_true", default=True, help="LoRA (false: full fine-tuning)")
+    add_option(parser, "--lora", action="store_true", default=True, help="LoRA (--no-lora: full fine-tuning)")
     add_option(
         parser, "--trl", action="store_true", default=True, help="also time TRL's trainers on the same rows"
     )
@@ -84,14 +84,11 @@ def _grouped(trajectories, size=4):
 
 
 def builder_rows(args, tokenizer) -> list[dict]:
-    from consumers.batching.builders import (
-        DPOPairBuilder,
-        GRPOGroupBuilder,
-        GRPOGroupConfig,
-        SFTBuilder,
-        StepPairBuilder,
-    )
-    from consumers.batching.planner import Planner, PlannerConfig
+    from consumers.batching.builders.dpo import DPOPairBuilder, StepPairBuilder
+    from consumers.batching.builders.grpo import GRPOGroupBuilder, GRPOGroupConfig
+    from consumers.batching.builders.sft import SFTBuilder
+    from consumers.batching.config import PlannerConfig
+    from consumers.batching.planner import Planner
     from consumers.batching.tokenize import SFTTokenizedBuilder
     from schemas.records import Record
 
@@ -126,14 +123,9 @@ def builder_rows(args, tokenizer) -> list[dict]:
 
 
 def _training_rows(args):
-    from consumers.batching.builders import (
-        DPOPairConfig,
-        GRPOGroupBuilder,
-        GRPOGroupConfig,
-        SFTBuilder,
-        SFTBuilderConfig,
-        StepPairBuilder,
-    )
+    from consumers.batching.builders.dpo import DPOPairConfig, StepPairBuilder
+    from consumers.batching.builders.grpo import GRPOGroupBuilder, GRPOGroupConfig
+    from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
 
     ts = synthetic(max(64, args.train_rows * 4))
     sft = SFTBuilder(SFTBuilderConfig(require_success=False)).build(ts)[: args.train_rows]

@@ -20,7 +20,7 @@ from kafka.protocol.consumer import (
 )
 from kafka.protocol.metadata import FindCoordinatorResponse
 
-from infra.broker.groups import GroupState, JoinRequest
+from infra.broker.group_state import GroupState, JoinRequest
 from infra.broker.protocol import ErrorCode, Request
 from infra.broker.state import BrokerState
 

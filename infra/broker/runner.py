@@ -27,7 +27,7 @@ def broker_dir(data_dir: Path) -> Path:
 
 def open_store(config: BrokerConfig):
     """The durable store under `config.data_dir` with the broker-wide default log settings."""
-    from infra.broker.log import LogConfig
+    from infra.broker.log_config import LogConfig
     from infra.broker.store import BrokerStore
 
     if config.flush == "always":

@@ -19,10 +19,10 @@ import logging
 import struct
 import time
 
+from infra.broker.errors import MalformedRequestError
 from infra.broker.handlers import HANDLERS
 from infra.broker.protocol import (
     API_VERSIONS_KEY,
-    MalformedRequestError,
     RequestHeader,
     decode_request,
     encode_response,

@@ -37,7 +37,7 @@ from infra.commands import (
     topics,
     worker,
 )
-from infra.options.env import apply_env_defaults
+from infra.options.env import apply_env_defaults, renamed_notes
 from infra.runtime import tune_gc
 from infra.terminal import output
 from schemas.errors import AgentstreamError
@@ -95,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     apply_env_defaults(parser, args)
+    for note in renamed_notes(args):  # an old spelling used: one line each, on stderr
+        output.warn(note)
     handler = getattr(args, "_handler", None)
     if handler is None:
         parser.print_help()

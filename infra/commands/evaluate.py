@@ -123,7 +123,7 @@ def _recorder(args, model: str):
 
 def run_replay(args) -> int:
     from producers.rollout.replay import load_steps, replay
-    from producers.sandbox import LocalSandbox
+    from producers.sandbox.local import LocalSandbox
 
     if bool(args.file) == bool(args.trajectory_id):
         raise EvalError("replay-trajectory: give exactly one of --file and --trajectory-id")

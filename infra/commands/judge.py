@@ -56,7 +56,8 @@ def register(sub) -> None:
 
 
 def annotate(args) -> int:
-    from streams.judge.annotations import AnnotationError, annotation_event
+    from streams.errors import AnnotationError
+    from streams.judge.annotations import annotation_event
     from streams.judge.human import publish, read_labels
 
     if args.import_path:

@@ -53,7 +53,7 @@ def run_gateway(args) -> int:
 
 
 def run_gateway_key(args) -> int:
-    from producers.gateway.server import hash_key
+    from producers.gateway.requests import hash_key
 
     output.say(hash_key(args.key))
     return 0
@@ -74,9 +74,9 @@ def run_spool_status(args) -> int:
 
 
 def run_spool_flush(args) -> int:
-    from producers.errors import ProducerError
+    from producers.errors import ProducerError, SpoolLocked
     from producers.sdk.delivery import DeliveryConfig, SpoolDelivery
-    from producers.sdk.spool import Spool, SpoolLocked
+    from producers.sdk.spool import Spool
     from schemas.settings import Settings
 
     settings = Settings.from_args(args)

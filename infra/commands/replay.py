@@ -8,7 +8,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from infra.options.env import command_parser
+from infra.options.env import add_option, command_parser
 from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -25,19 +25,22 @@ def register(sub) -> None:
     parser.add_argument(
         "--roles",
         default="scoring",
-        help="comma-separated roles to replay: judge, scoring (rule rewards and trajectories), trainer "
-        "(the judge runs first, then scoring, then the trainer)",
+        help="comma-separated roles to replay: judge, scoring (rule rewards and trajectories), batch "
+        "(the batch builder; `trainer` is its old name) (the judge runs first, then scoring, then batch)",
     )
     parser.add_argument(
         "--reward-version",
         required=True,
         help="version stamped on the recomputed rewards; the live one's (e.g. rules-1) reproduces it",
     )
-    start = parser.add_mutually_exclusive_group()
-    start.add_argument(
-        "--from-beginning", action="store_true", help="read the sources from offset 0 (the default)"
+    add_option(
+        parser,
+        "--from-beginning",
+        action="store_true",
+        default=True,
+        help="read the sources from offset 0 (--no-from-beginning: from --since)",
     )
-    start.add_argument(
+    parser.add_argument(
         "--since",
         type=_timestamp,
         help="start at the first record at or after this time (ISO 8601, UTC if no zone)",
@@ -61,7 +64,8 @@ def _add_worker_options(parser) -> None:
         help="judge, scoring: the judge rules file the live stack uses (AGENTSTREAM_JUDGE_RULES_PATH "
         "otherwise)",
     )
-    parser.add_argument(
+    add_option(
+        parser,
         "--expect-judge",
         action="store_true",
         help="scoring: wait for the judge's results as the live scoring does beside a judge (implied "
@@ -74,21 +78,39 @@ def _add_worker_options(parser) -> None:
         help="scoring: its grace period in the replay; after catching up the replay waits this long "
         "so incomplete trajectories are emitted (all input is already in the log)",
     )
-    parser.add_argument(
-        "--trainer-kinds", default=None, help="trainer: batch kinds (the trainer's default otherwise)"
+    add_option(
+        parser,
+        "--batch-kinds",
+        renamed_from="--trainer-kinds",
+        help="batch: batch kinds (the batch builder's default otherwise)",
     )
-    parser.add_argument(
-        "--trainer-flush-s",
+    add_option(
+        parser,
+        "--batch-flush-s",
+        renamed_from="--trainer-flush-s",
         type=float,
         default=2.0,
-        help="trainer: flush ready trajectories after this long (batches are also cut by count)",
+        help="batch: flush ready trajectories after this long (batches are also cut by count)",
     )
-    parser.add_argument(
-        "--trainer-idle-s",
+    add_option(
+        parser,
+        "--batch-idle-s",
+        renamed_from="--trainer-idle-s",
         type=float,
         default=10.0,
-        help="trainer: done once it has had no input for this long (it then flushes and exits)",
+        help="batch: done once it has had no input for this long (it then flushes and exits)",
     )
+
+
+def check_start(args) -> None:
+    """Where the replay starts, said once: offset 0 (`--from-beginning`, the default) or `--since`."""
+    from infra.replay import ReplayError
+
+    given = "from_beginning" in getattr(args, "_given", ())
+    if args.since is not None and given and args.from_beginning:
+        raise ReplayError("--from-beginning and --since: give one (where the replay starts)")
+    if args.since is None and not args.from_beginning:
+        raise ReplayError("--no-from-beginning: give --since TIME (where the replay starts instead)")
 
 
 def _timestamp(text: str) -> datetime:
@@ -105,7 +127,10 @@ def run_replay(args) -> int:
     from producers.reward_versions import completed_event, publish_completed
 
     settings = Settings.from_args(args)
-    roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
+    roles, notes = replay.current_roles(tuple(r.strip() for r in args.roles.split(",") if r.strip()))
+    for note in notes:
+        output.warn(note)
+    check_start(args)
     if "judge" in roles:
         replay.check_judge()
     plan = replay.make_plan(settings.bootstrap_servers, roles, args.reward_version, args.since)
@@ -151,8 +176,8 @@ def _run_phase(args, plan, phase: tuple[str, ...], done: tuple[str, ...], env: d
     supervisor = Supervisor(children, env=env, on_event=lambda m: log.warning("replay: %s", m))
     try:
         supervisor.start()
-        if phase == ("trainer",):
-            _wait_for_trainer(supervisor, deadline)
+        if phase == ("batch",):
+            _wait_for_batch_builder(supervisor, deadline)
             return plan
         alive = lambda: not supervisor.poll()  # noqa: E731
         plan = replay.follow(bootstrap, plan, phase, alive, _printer(), deadline=deadline)
@@ -163,26 +188,26 @@ def _run_phase(args, plan, phase: tuple[str, ...], done: tuple[str, ...], env: d
     return plan
 
 
-def _wait_for_trainer(supervisor, deadline: float | None) -> None:
-    """The replayed trainer is done when it exits 0 after `--idle-exit-s` without input: its
+def _wait_for_batch_builder(supervisor, deadline: float | None) -> None:
+    """The replayed batch builder is done when it exits 0 after `--idle-exit-s` without input: its
     committed offsets may stay behind for good (a group short of `--min-group-size` holds its
     members' offsets), so they cannot tell."""
     from infra.replay import ReplayError
 
-    sys.stderr.write("trainer: building batches until it has read everything and is idle\n")
+    sys.stderr.write("batch: building batches until it has read everything and is idle\n")
     while not supervisor.poll():
         if deadline is not None and time.monotonic() > deadline:
-            raise ReplayError("the trainer did not finish before the timeout")
+            raise ReplayError("the batch builder did not finish before the timeout")
         time.sleep(0.5)
-    code = supervisor.running["trainer"].last_exit
+    code = supervisor.running["batch"].last_exit
     if code != 0:
-        raise ReplayError(f"the replayed trainer exited with {code} (see its log above)")
-    sys.stderr.write("trainer: done\n")
+        raise ReplayError(f"the replayed batch builder exited with {code} (see its log above)")
+    sys.stderr.write("batch: done\n")
 
 
 def _worker_args(args, plan, role: str) -> tuple[str, ...]:
-    if role == "trainer":  # its own command; its consumer group is an option, not an app id
-        return _trainer_args(args, plan)
+    if role == "batch":  # its own command; its consumer group is an option, not an app id
+        return _batch_args(args, plan)
     argv = [
         "worker",
         "--roles",
@@ -203,21 +228,21 @@ def _worker_args(args, plan, role: str) -> tuple[str, ...]:
     return tuple(argv)
 
 
-def _trainer_args(args, plan) -> tuple[str, ...]:
-    """The replayed trainer: the replay's group, the version's trajectories only, batches cut by
-    count and flushed within `--trainer-flush-s`; a group still short of members, or of one reward
+def _batch_args(args, plan) -> tuple[str, ...]:
+    """The replayed batch builder: the replay's group, the version's trajectories only, batches cut by
+    count and flushed within `--batch-flush-s`; a group still short of members, or of one reward
     definition, is built after `--grace-seconds` (all the input is in the log already, so a member
     that has not come by then is not coming within the replayed range)."""
-    argv = ["batch", "--group-id", plan.group("trainer"), "--reward-version", plan.reward_version]
-    argv += ["--flush-interval-s", str(args.trainer_flush_s), "--idle-exit-s", str(args.trainer_idle_s)]
+    argv = ["batch", "--group-id", plan.group("batch"), "--reward-version", plan.reward_version]
+    argv += ["--flush-interval-s", str(args.batch_flush_s), "--idle-exit-s", str(args.batch_idle_s)]
     argv += [
         "--group-timeout-s",
         str(args.grace_seconds),
         "--group-definition-wait-s",
         str(args.grace_seconds),
     ]
-    if args.trainer_kinds:
-        argv += ["--kinds", args.trainer_kinds]
+    if args.batch_kinds:
+        argv += ["--kinds", args.batch_kinds]
     return tuple(argv)
 
 

@@ -11,13 +11,16 @@ ROLES_HELP = (
     "reading agent.events once; the judge: --judge)"
 )
 # The stack's optional components, each a switch `--<name>` / `--no-<name>`: name -> what it runs.
+# `batch` builds batches, `train` trains on them.
 OFF_BY_DEFAULT = {
     "judge": "the LLM judge worker",
     "gateway": "the HTTP gateway",
     "policy": "the policy server (OpenAI-compatible)",
     "train": "the training executor: `train --follow --kinds grpo` on training.batches",
 }
-ON_BY_DEFAULT = {"console": "the web console", "trainer": "the batch builder (`agentstream batch`)"}
+ON_BY_DEFAULT = {"console": "the web console", "batch": "the batch builder (`agentstream batch`)"}
+# Old names of switches, still accepted (with a note) for one release: new name -> old flag.
+RENAMED_SWITCHES = {"batch": "--trainer"}
 
 
 def register(sub) -> None:
@@ -65,7 +68,8 @@ def _register_up(sub) -> None:
     for name, what in OFF_BY_DEFAULT.items():
         add_option(up, f"--{name}", action="store_true", default=False, help=f"also run {what}")
     for name, what in ON_BY_DEFAULT.items():
-        add_option(up, f"--{name}", action="store_true", default=True, help=f"run {what}")
+        old = RENAMED_SWITCHES.get(name)
+        add_option(up, f"--{name}", action="store_true", default=True, help=f"run {what}", renamed_from=old)
     add_option(up, "--gateway-port", type=int, default=8080, help="gateway port")
     add_option(up, "--policy-port", type=int, default=8000, help="policy server port")
     add_option(up, "--console-port", type=int, default=8090, help="web console port (127.0.0.1)")
@@ -118,7 +122,7 @@ def _stack_config(args):
         gateway_port=args.gateway_port,
         policy=bool(args.policy),
         policy_port=args.policy_port,
-        trainer=bool(args.trainer),
+        batch=bool(args.batch),
         console=bool(args.console),
         console_port=args.console_port,
         train=bool(args.train),

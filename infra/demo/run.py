@@ -28,8 +28,8 @@ def demo_command(args) -> int:
         shutil.rmtree(data_dir)
     # The demo's GRPO groups are `group_size` rollouts of one task; the trainer flushes every 2 s.
     # The policy server records token ids with every step, so GRPO rows are token-faithful.
-    trainer_args = ("--group-size", str(args.group_size), "--flush-interval-s", "2")
-    config = embedded_config(data_dir, trainer_args=trainer_args, policy=True, policy_port=free_port())
+    batch_args = ("--group-size", str(args.group_size), "--flush-interval-s", "2")
+    config = embedded_config(data_dir, batch_args=batch_args, policy=True, policy_port=free_port())
     supervisor = StackSupervisor(config, on_event=lambda message: output.say(f"[demo] {message}"))
     output.say(f"[demo] starting the embedded stack in {data_dir} (broker on {config.bootstrap_servers})")
     supervisor.start()

@@ -2,7 +2,7 @@
 
 The API (stable; the CLI and the MCP server's `export_dataset` tool call these two functions):
 
-    from infra.export import export_dataset, validate_dataset
+    from infra.export.run import export_dataset, validate_dataset
 
     summary = export_dataset(
         client_or_url,          # a clickhouse-connect client, a ClickHouse URL, or None (batches)
@@ -28,7 +28,8 @@ The API (stable; the CLI and the MCP server's `export_dataset` tool call these t
     # {"ok": bool, "kind", "splits": {"train": n, ...},
     #  "problems": [{"split": "test", "row": 3, "reason": "leak: task 'k' is also in train"}, ...]}
 
-Both raise `ExportError` (an `InfraError`) with a one-line message naming the option or file.
+Both raise `infra.export.errors.ExportError` (an `InfraError`) with a one-line message naming the
+option or file.
 
 Modules: `config.py` (the options, one dataclass), `splits.py` (pure: task -> split), `rows.py`
 (pure: trajectories -> rows through the trainer's builders), `checks.py` (pure: the validator),
@@ -36,10 +37,3 @@ Modules: `config.py` (the options, one dataclass), `splits.py` (pure: task -> sp
 writing and reading the split files), `run.py` (the two functions above). Nothing here imports
 torch; pyarrow is imported where Parquet is written or read.
 """
-
-from __future__ import annotations
-
-from infra.export.errors import ExportError
-from infra.export.run import export_dataset, validate_dataset
-
-__all__ = ["ExportError", "export_dataset", "validate_dataset"]

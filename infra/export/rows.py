@@ -16,18 +16,12 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from consumers.batching.builders import (
-    DPOPairBuilder,
-    DPOPairConfig,
-    GroupConfig,
-    GRPOGroupBuilder,
-    GRPOGroupConfig,
-    SFTBuilder,
-    SFTBuilderConfig,
-    StepPairBuilder,
-    reward_of,
-)
+from consumers.batching.builders.common import reward_of
 from consumers.batching.builders.dedup import Deduplicator
+from consumers.batching.builders.dpo import DPOPairBuilder, DPOPairConfig, StepPairBuilder
+from consumers.batching.builders.groups import GroupConfig
+from consumers.batching.builders.grpo import GRPOGroupBuilder, GRPOGroupConfig
+from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
 from consumers.batching.planner import split_by_definition
 from infra.export.config import ExportConfig
 from schemas.events import TrajectoryScored

@@ -1,5 +1,5 @@
 """Held-out evaluation of one policy version, in-process: the base model with the version's adapter
-(producers.policy.engine.LocalEngine, as the policy server loads it) plays each held-out calc task
+(producers.policy.engine.local.LocalEngine, as the policy server loads it) plays each held-out calc task
 the way the rollout driver does (tool calls to the env, the observation back as the tool's answer),
 and the env's verifier decides success. Nothing is recorded: the evaluation never feeds training.
 """
@@ -25,7 +25,7 @@ class HeldoutScore:
 
 
 def load_engine(base: Path, adapter: Path | None, version: str):
-    from producers.policy.engine import LocalEngine
+    from producers.policy.engine.local import LocalEngine
 
     return LocalEngine(base, adapter=adapter, version=version, device="cpu")
 
@@ -43,7 +43,7 @@ def evaluate(
 
 def play(engine, expression: str, temperature: float, max_turns: int, seed: int) -> bool:
     """One episode; True when the verifier accepts the submitted answer."""
-    from producers.policy.engine import SamplingParams
+    from producers.policy.engine.sampling import SamplingParams
     from producers.policy.tool_calls import parse
 
     env = CalcEnv(max_turns=max_turns)

@@ -169,9 +169,9 @@ def export_dataset(
     existing directory is replaced only when it holds nothing but an earlier export's own files."""
     from pathlib import Path
 
-    from infra.export import ExportError
-    from infra.export import export_dataset as write_dataset
+    from infra.export.errors import ExportError
     from infra.export.files import confined
+    from infra.export.run import export_dataset as write_dataset
 
     root = Path(config.data_dir).resolve() / "exports"
     try:

@@ -3,6 +3,10 @@
 Every option falls back to an `AGENTSTREAM_*` environment variable, named in its help and read when
 the command line is parsed (`apply_env_defaults`), never at import time. Options of a config
 dataclass are generated from its fields by `infra.options.configs`; this module holds the mechanics.
+
+A renamed option keeps its old spelling for one release (`add_option(..., renamed_from="--old")`): the
+old flag (hidden from help) and the old environment variable still work, and each use leaves a
+one-line note in `renamed_notes(args)`, which the CLI prints on stderr (this floor prints nothing).
 """
 
 from __future__ import annotations
@@ -20,14 +24,43 @@ class EnvDefault(argparse.Action):
     The variable is read when the command line is parsed (in `main`), never at import time.
     """
 
-    def __init__(self, option_strings, dest, env: str | None = None, default=None, help=None, **kw):
+    def __init__(
+        self,
+        option_strings,
+        dest,
+        env: str | None = None,
+        old_env: str | None = None,
+        default=None,
+        help=None,
+        **kw,
+    ):
         self.env = env or ENV_PREFIX + dest.upper()
+        self.old_env = old_env  # a renamed option's old variable, still read (with a note) for one release
         suffix = f"[env {self.env}" + (f"; default {default}]" if default not in (None, "") else "]")
         super().__init__(option_strings, dest, default=default, help=f"{help or ''} {suffix}".strip(), **kw)
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
         namespace._given = {*getattr(namespace, "_given", ()), self.dest}
+
+
+def _note_renamed(namespace: argparse.Namespace, note: str) -> None:
+    notes = getattr(namespace, "_renamed", [])
+    if note not in notes:
+        namespace._renamed = [*notes, note]
+
+
+def renamed_notes(args: argparse.Namespace) -> list[str]:
+    """One line per old spelling used on this command line or in the environment, to print on stderr."""
+    return list(getattr(args, "_renamed", ()))
+
+
+def renamed_note(old: str, new: str) -> str:
+    """
+    >>> renamed_note("--trainer", "--batch")
+    'agentstream: --trainer is now --batch; the old name goes in the next release'
+    """
+    return f"agentstream: {old} is now {new}; the old name goes in the next release"
 
 
 class EnvFlag(EnvDefault):
@@ -47,20 +80,52 @@ class EnvFlag(EnvDefault):
         return " | ".join(self.option_strings)
 
 
+class RenamedOption(argparse.Action):
+    """The old spelling of an option, kept for one release and hidden from help: it does what the new
+    one does (`--no-old` too, for a flag) and leaves a note (`renamed_notes`)."""
+
+    def __init__(self, option_strings, dest, new: EnvDefault, **kw):
+        self.new = new
+        flag = isinstance(new, EnvFlag)
+        pairs = [f for old in option_strings for f in (old, _negative(old) if flag else None) if f]
+        if flag:
+            kw["nargs"] = 0
+        else:  # values are read as the new option reads them
+            kw.update(type=new.type, choices=new.choices)
+        super().__init__(pairs, dest, help=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        negative = option_string.startswith("--no-") and isinstance(self.new, EnvFlag)
+        new = _negative(self.new.option_strings[0]) if negative else self.new.option_strings[0]
+        _note_renamed(namespace, renamed_note(option_string, new))
+        self.new(parser, namespace, values, new)
+
+
 def _negative(flag: str) -> str | None:
     """`--x` -> `--no-x` (short flags have no negative)."""
     return "--no-" + flag[2:] if flag.startswith("--") else None
 
 
-def add_option(parser: argparse.ArgumentParser, *flags: str, env: str | None = None, **kw) -> None:
+def add_option(
+    parser: argparse.ArgumentParser,
+    *flags: str,
+    env: str | None = None,
+    renamed_from: str | None = None,
+    **kw,
+) -> None:
     """Add an option that falls back to an environment variable (named in its help). A boolean one
-    (`action="store_true"`) becomes a flag pair `--x` / `--no-x` (`EnvFlag`)."""
+    (`action="store_true"`) becomes a flag pair `--x` / `--no-x` (`EnvFlag`). `renamed_from`: its
+    old spelling (`--old`), and with it `AGENTSTREAM_OLD`, still accepted for one release."""
+    if renamed_from:
+        kw["old_env"] = ENV_PREFIX + renamed_from.lstrip("-").replace("-", "_").upper()
     if kw.get("action") == "store_true":
         kw.pop("action")
         kw.setdefault("default", False)
-        parser.add_argument(*flags, action=EnvFlag, env=env, **kw)
-        return
-    parser.add_argument(*flags, action=EnvDefault, env=env, **kw)
+        action = parser.add_argument(*flags, action=EnvFlag, env=env, **kw)
+    else:
+        action = parser.add_argument(*flags, action=EnvDefault, env=env, **kw)
+    if renamed_from:
+        parser.add_argument(renamed_from, action=RenamedOption, dest=action.dest, new=action)
 
 
 def parse_bool(text: str) -> bool:
@@ -111,7 +176,7 @@ def apply_env_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace
             continue
         if action.dest in getattr(args, "_given", ()):
             continue
-        raw = os.environ.get(action.env)
+        raw = _env_value(action, args)
         if raw is None:
             continue
         value = raw
@@ -121,6 +186,15 @@ def apply_env_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 parser.error(f"{action.env}={raw!r}: {exc}")
         setattr(args, action.dest, value)
+
+
+def _env_value(action: EnvDefault, args: argparse.Namespace) -> str | None:
+    """The option's environment variable, or else its old name's (with a note)."""
+    raw = os.environ.get(action.env)
+    if raw is None and action.old_env and os.environ.get(action.old_env) is not None:
+        _note_renamed(args, renamed_note(action.old_env, action.env))
+        return os.environ[action.old_env]
+    return raw
 
 
 def _all_actions(parser: argparse.ArgumentParser, args: argparse.Namespace):

@@ -19,7 +19,7 @@ from typing import Any
 
 from producers.errors import ProducerError
 from producers.gateway.requests import check_key_hashes, parse_key_hashes
-from producers.policy.engine import MIN_TEMPERATURE, SamplingParams
+from producers.policy.engine.sampling import MIN_TEMPERATURE, SamplingParams
 from schemas.config_fields import check_bounds, option
 
 MAX_N = 16

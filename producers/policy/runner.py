@@ -25,7 +25,7 @@ def latest_checkpoint(root: str | Path) -> Path | None:
 
 def build_service(config: PolicyConfig, base_dir: Path, bootstrap_servers: str, data_dir: Path):
     """The engine with the adapter to serve at start, and the service recording through the SDK."""
-    from producers.policy.engine import LocalEngine
+    from producers.policy.engine.local import LocalEngine
     from producers.policy.service import PolicyService
     from producers.redaction_settings import load_redactor
 

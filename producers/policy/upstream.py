@@ -15,7 +15,8 @@ import logging
 import threading
 from pathlib import Path
 
-from producers.policy.engine import EngineError, Sample, SamplingParams
+from producers.policy.engine.errors import EngineError
+from producers.policy.engine.sampling import Sample, SamplingParams
 from producers.policy.engine.tokenizer import context_length, longest_token_bytes, tokenizer_hash
 
 log = logging.getLogger(__name__)

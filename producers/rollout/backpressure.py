@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from clients.current_policy import CurrentPolicyReader
 from clients.kafka import make_consumer
+from clients.kafka.ranges import topic_partitions
 from schemas.policy_versions import version_number
 from schemas.topics import TRAINING_BATCHES
 
@@ -99,11 +100,8 @@ class TopicBacklog:
 
     def _count_batches(self) -> tuple[int, int]:
         """(records on `training.batches`, records before the executor group's committed offsets)."""
-        from kafka import TopicPartition
-
         consumer = self._consumer
-        topic = TRAINING_BATCHES
-        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        parts = topic_partitions(consumer, [TRAINING_BATCHES])
         if not parts:
             return 0, 0
         ends, begins = consumer.end_offsets(parts), consumer.beginning_offsets(parts)

@@ -18,7 +18,7 @@ from typing import Any
 
 from producers.sandbox.errors import SandboxError
 
-__all__ = ["TOOLS", "Sandbox", "SandboxError", "ToolResult", "truncate"]
+__all__ = ["TOOLS", "Sandbox", "ToolResult", "truncate"]
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,8 @@ import orjson
 from clients.kafka.ranges import ReadIncomplete, iter_range
 from clients.kafka.record_batches import RecordBatchError, RecordBatchSender, SenderConfig
 from producers.errors import DeliveryFailed
-from producers.sdk.spool import Cursor, DeliveryIntent, Spool, SpoolRecord
+from producers.sdk.spool import Spool, SpoolRecord
+from producers.sdk.spool_cursor import Cursor, DeliveryIntent
 
 log = logging.getLogger(__name__)
 

@@ -60,8 +60,6 @@ from producers.redaction_settings import load_redactor
 from producers.sdk.delivery import DeliveryConfig
 from producers.sdk.episode import EpisodeIdentity, EpisodeLog, error_text
 from producers.sdk.pipeline import (
-    SDK_VERSION,
-    EventBuffer,
     OnFull,
     RecorderConfig,
     RecordingPipeline,
@@ -73,17 +71,7 @@ from schemas.codec import encode, encode_key
 from schemas.events import EventBase
 from schemas.topics import topic_for
 
-# names users import from here that live in the plumbing modules
-__all__ = [
-    "SDK_VERSION",
-    "AgentRecorder",
-    "AsyncAgentRecorder",
-    "AsyncEpisode",
-    "Episode",
-    "EventBuffer",
-    "PolicyFollower",
-    "RecorderConfig",
-]
+__all__ = ["AgentRecorder", "AsyncAgentRecorder", "AsyncEpisode", "Episode"]
 
 log = logging.getLogger(__name__)
 

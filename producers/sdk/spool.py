@@ -44,9 +44,9 @@ import crc32c
 
 from clients.files import fsync_dir
 from producers.errors import SpoolError, SpoolLocked
-from producers.sdk.spool_cursor import Cursor, CursorFile, DeliveryIntent, read_delivered
+from producers.sdk.spool_cursor import Cursor, CursorFile, read_delivered
 
-__all__ = ["Cursor", "DeliveryIntent", "Spool", "SpoolRecord", "has_pending", "slot_status"]
+__all__ = ["Spool", "SpoolRecord", "has_pending", "slot_status"]
 
 log = logging.getLogger(__name__)
 

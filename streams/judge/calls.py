@@ -37,12 +37,11 @@ from datetime import datetime
 
 from schemas.events import EventBase
 from schemas.ids import derived_event_id
-from streams.errors import JudgeCallError
+from streams.errors import JudgeCallError, ParseError
 from streams.judge.budget import Reservation, SpendBudget
 from streams.judge.cache import CallRecord, ReplyCache, content_key
 from streams.judge.client import CallResult, JudgeClient
 from streams.judge.config import JudgeConfig
-from streams.judge.parse import ParseError
 from streams.judge.pricing import call_cost
 from streams.judge.requests import CallMeta, JudgeRequest, failure_events, reply_events
 

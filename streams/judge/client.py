@@ -29,18 +29,10 @@ from dataclasses import dataclass
 from streams.errors import JudgeCallError
 from streams.judge.config import JudgeConfig
 from streams.judge.prompt import Prompt
-from streams.judge.providers import Answer, Failure, Provider, provider_for
-from streams.judge.providers.base import RETRYABLE_STATUS, retry_after_seconds
+from streams.judge.providers import provider_for
+from streams.judge.providers.base import Answer, Failure, Provider
 
-__all__ = [
-    "RETRYABLE_STATUS",
-    "CallResult",
-    "CircuitBreaker",
-    "JudgeCallError",
-    "JudgeClient",
-    "backoff_delay",
-    "retry_after_seconds",
-]
+__all__ = ["CallResult", "CircuitBreaker", "JudgeClient", "backoff_delay"]
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Literal
 
 from schemas.events import EventBase, JudgeFailed, JudgeStep, JudgeTrajectory
 from schemas.ids import derived_event_id
-from streams.judge.parse import Judgment, ParseError, parse_group, parse_steps, parse_trajectory
+from streams.judge.parse import Judgment, parse_group, parse_steps, parse_trajectory
 from streams.judge.prompt import Prompt
 from streams.judge.rubrics import RubricSet
 
@@ -207,12 +207,4 @@ def failure_events(
     ]
 
 
-__all__ = [
-    "CallMeta",
-    "JudgeRequest",
-    "ParseError",
-    "Target",
-    "failure_events",
-    "reply_events",
-    "split_evenly",
-]
+__all__ = ["CallMeta", "JudgeRequest", "Target", "failure_events", "reply_events", "split_evenly"]

@@ -8,11 +8,11 @@ import subprocess
 import pytest
 import yaml
 
-from infra.cli import build_parser
+from infra.cli.main import build_parser
 from tests.support.processes import REPO
 
 COMPOSE = REPO / "docker-compose.yml"
-AGENTSTREAM_SERVICES = {"worker", "judge", "sink", "trainer", "gateway", "migrate", "topics"}
+AGENTSTREAM_SERVICES = {"worker", "judge", "sink", "batch", "gateway", "migrate", "topics"}
 
 
 @pytest.fixture(scope="module")

@@ -111,7 +111,7 @@ def console(tmp_path_factory) -> Iterator[Console]:
     config = embedded_config(
         data_dir,
         console=True,
-        trainer_args=("--group-size", str(GROUP_SIZE), "--flush-interval-s", "2", "--retokenize"),
+        batch_args=("--group-size", str(GROUP_SIZE), "--flush-interval-s", "2", "--retokenize"),
         extra_env={"AGENTSTREAM_PAGE_SIZE": str(PAGE_SIZE), "AGENTSTREAM_REFRESH_S": str(REFRESH_S)},
     )
     supervisor = StackSupervisor(config)

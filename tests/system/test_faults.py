@@ -1,5 +1,5 @@
 """Fault tests of the whole system: during load, kill -9 each component in turn (broker, each role, sink,
-trainer, gateway); the supervisor restarts it. Afterwards every acknowledged step is in ClickHouse
+batch builder, gateway); the supervisor restarts it. Afterwards every acknowledged step is in ClickHouse
 exactly once (deduplicated views), every ended episode has one current `trajectory.scored`, and no
 trajectory is in two batches of the same kind.
 
@@ -26,7 +26,7 @@ from schemas import EpisodeEnded, EpisodeStarted, StepRecorded, derived_event_id
 from tests.support.processes import free_port, wait_for
 
 API_KEY = "fault-test-key"
-KILL_ORDER = ("broker", "scoring", "sink", "trainer", "gateway")  # scoring: the rules + the assembler
+KILL_ORDER = ("broker", "scoring", "sink", "batch", "gateway")  # scoring: the rules + the assembler
 
 
 class Stack:

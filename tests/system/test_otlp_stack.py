@@ -87,7 +87,7 @@ def test_an_exported_agent_trace_is_one_scored_episode_in_clickhouse(tmp_path):
         tmp_path / "stack",
         gateway=True,
         gateway_port=port,
-        trainer=False,
+        batch=False,
         extra_env={"AGENTSTREAM_GATEWAY_API_KEY_HASHES": hashlib.sha256(API_KEY.encode()).hexdigest()},
     )
     supervisor, stop = StackSupervisor(config), threading.Event()

@@ -13,7 +13,7 @@ from tests.support.processes import AGENTSTREAM, Proc, free_port, wait_for
 
 def test_up_with_policy_serves_and_records_into_clickhouse(tmp_path):
     data_dir, port = tmp_path / "stack", free_port()
-    args = [*AGENTSTREAM, "up", "--no-trainer", "--policy", "--policy-port", str(port),
+    args = [*AGENTSTREAM, "up", "--no-batch", "--policy", "--policy-port", str(port),
             "--data-dir", str(data_dir), "--broker-port", str(free_port()), "--no-console"]  # fmt: skip
     up = Proc(args, tmp_path / "up.log")
     try:

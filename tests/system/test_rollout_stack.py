@@ -30,7 +30,7 @@ def _cli(*args: str) -> str:
 
 
 def _up(tmp_path: Path, data_dir: Path, port: int) -> Proc:
-    args = ["up", "--no-trainer", "--no-console", "--policy", "--policy-port", str(port)]
+    args = ["up", "--no-batch", "--no-console", "--policy", "--policy-port", str(port)]
     args += ["--data-dir", str(data_dir)]
     up = Proc([*AGENTSTREAM, *args, "--broker-port", str(free_port())], tmp_path / "up.log")
     wait_for(lambda: "[up] running:" in up.log_text() or not up.alive(), timeout_s=180, what="the stack")

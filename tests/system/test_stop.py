@@ -25,12 +25,12 @@ STACK = ("broker", "scoring", "sink", "console")
 
 
 def _started_stack(tmp_path: Path) -> tuple[Proc, list[int]]:
-    """`agentstream up` (broker, roles, sink, console; no trainer) once every component runs; its PIDs."""
+    """`agentstream up` (broker, roles, sink, console; no batch builder) once all components run; its PIDs."""
     data_dir = tmp_path / "stack"
     args = [
         *AGENTSTREAM,
         "up",
-        "--no-trainer",
+        "--no-batch",
         "--data-dir",
         str(data_dir),
         "--broker-port",

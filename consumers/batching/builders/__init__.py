@@ -2,21 +2,3 @@
 
 Which builder makes which batch kind is `consumers/batching/kinds.py`.
 """
-
-from consumers.batching.builders.common import reward_of
-from consumers.batching.builders.dpo import DPOPairBuilder, DPOPairConfig, StepPairBuilder
-from consumers.batching.builders.groups import GroupConfig
-from consumers.batching.builders.grpo import GRPOGroupBuilder, GRPOGroupConfig
-from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
-
-__all__ = [
-    "DPOPairBuilder",
-    "DPOPairConfig",
-    "GRPOGroupBuilder",
-    "GRPOGroupConfig",
-    "GroupConfig",
-    "SFTBuilder",
-    "SFTBuilderConfig",
-    "StepPairBuilder",
-    "reward_of",
-]

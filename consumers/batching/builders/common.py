@@ -1,17 +1,15 @@
-"""Shared pieces of the builders: what their configs do, the reward a builder ranks by, and policy
-versions. (Where a trajectory was read is a `schemas.records.Record`.)"""
+"""Shared pieces of the builders: what their configs do, the reward a builder ranks by, and how far
+one policy version lags another. (Where a trajectory was read is a `schemas.records.Record`.)"""
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict
 from typing import Any
 
 from consumers.errors import ConsumerConfigError
 from schemas.config_fields import check_bounds
 from schemas.events import TrajectoryScored
-
-_TRAILING_INT = re.compile(r"(\d+)$")
+from schemas.policy_versions import BASE_VERSION, version_number
 
 
 class BuilderConfig:
@@ -45,16 +43,26 @@ def reward_of(trajectory: TrajectoryScored) -> float | None:
     return None
 
 
-def policy_number(version: str | None) -> int | None:
-    """The integer a policy version ends with ("v12" -> 12, "7" -> 7); None if it has none.
+def policy_lag(sampled_by: str | None, current: str | None) -> int | None:
+    """How many versions `sampled_by` is behind `current`, by `schemas.policy_versions` numbers; the
+    staleness the GRPO builder (`max_policy_lag`) and the executor (`--max-staleness`) both bound.
 
-    >>> policy_number("policy-v12"), policy_number("base")
-    (12, None)
+    A missing version (None, "") is `base`, the policy before any update. The same version lags by 0.
+    None when either version has no number (unknown format, e.g. `nightly`): the lag cannot be
+    measured, so under a bound it is never fresh (the callers drop it and log why).
+
+    >>> policy_lag("base", "v9"), policy_lag(None, "v1"), policy_lag("v5", "v3"), policy_lag("v2", None)
+    (9, 1, -2, -2)
+    >>> policy_lag("nightly", "v3"), policy_lag("v3", "nightly"), policy_lag("nightly", "nightly")
+    (None, None, 0)
     """
-    if not version:
+    sampled_by, current = sampled_by or BASE_VERSION, current or BASE_VERSION
+    if sampled_by == current:
+        return 0
+    have, now = version_number(sampled_by), version_number(current)
+    if have is None or now is None:
         return None
-    match = _TRAILING_INT.search(version)
-    return int(match.group(1)) if match else None
+    return now - have
 
 
 def sorted_versions(values: set[str | None]) -> list[str]:

@@ -8,7 +8,9 @@
   A_{i,s} = A_i + lambda * z(p_{i,s}) with z taken within the group at the same step index.
   A step without a process score contributes p = 0 (absent, not neutral).
 - Staleness: trajectories whose policy version lags the current one by more than `max_policy_lag`
-  are not admitted (`is_fresh`).
+  are not admitted (`is_fresh`; versions numbered by `schemas.policy_versions`, a missing one is
+  `base`). Under a bound, a version without a number (unknown format) is not admitted either: its
+  lag cannot be measured; each such version is logged once.
 - Token rows: a trajectory whose every step carries the token ids the policy server recorded
   (completion ids + logprobs, prompt delta) becomes a row of `input_ids`, `labels`, `step_ids`,
   `behaviour_logprobs` (consumers/batching/token_rows.py), no re-tokenisation; broken steps are not
@@ -21,11 +23,12 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from consumers.batching.builders.common import BuilderConfig, policy_number, reward_of
+from consumers.batching.builders.common import BuilderConfig, policy_lag, reward_of
 from consumers.batching.builders.sft import lineage
 from consumers.batching.chat import (
     DEFAULT_SYSTEM_PROMPT,
@@ -37,6 +40,9 @@ from consumers.batching.chat import (
 from consumers.batching.token_rows import has_tokens, replay
 from schemas.config_fields import option
 from schemas.events import TrajectoryScored
+from schemas.policy_versions import BASE_VERSION, version_number
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -142,13 +148,13 @@ def step_advantages(
 
 
 def is_fresh(trajectory: TrajectoryScored, current_policy: str | None, config: GRPOGroupConfig) -> bool:
-    """False when the trajectory's policy version lags `current_policy` by more than the limit."""
+    """False when the trajectory's policy version lags `current_policy` by more than
+    `max_policy_lag` (`common.policy_lag`: `base` is 9 behind `v9`), or when a bound is set and the
+    lag cannot be measured (a version without a number); no bound admits everything."""
     if config.max_policy_lag is None:
         return True
-    have, now = policy_number(trajectory.policy_version), policy_number(current_policy)
-    if have is None or now is None:
-        return True  # versions without a number cannot be compared; admit rather than guess
-    return now - have <= config.max_policy_lag
+    lag = policy_lag(trajectory.policy_version, current_policy)
+    return lag is not None and lag <= config.max_policy_lag
 
 
 class GRPOGroupBuilder:
@@ -156,14 +162,29 @@ class GRPOGroupBuilder:
 
     def __init__(self, config: GRPOGroupConfig | None = None):
         self.config = config or GRPOGroupConfig()
+        self._unmeasured: set[tuple[str | None, str | None]] = set()  # (version, current) logged
 
     def eligible(self, trajectory: TrajectoryScored, current_policy: str | None = None) -> bool:
         return (
             bool(trajectory.steps)
             and reward_of(trajectory) is not None
-            and is_fresh(trajectory, current_policy, self.config)
+            and self._fresh(trajectory, current_policy)
             and (self.config.retokenize or has_tokens(ordered_steps(trajectory)))
         )
+
+    def _fresh(self, trajectory: TrajectoryScored, current_policy: str | None) -> bool:
+        """`is_fresh`, with one warning per version pair dropped because its lag is unmeasurable."""
+        if is_fresh(trajectory, current_policy, self.config):
+            return True
+        pair = (trajectory.policy_version, current_policy)
+        if policy_lag(*pair) is None and pair not in self._unmeasured:
+            self._unmeasured.add(pair)
+            log.warning(
+                "grpo: not admitting trajectories of policy version %r: max_policy_lag is set and "
+                "their lag behind the current policy %r cannot be measured (a version without a number)",
+                *pair,
+            )
+        return False
 
     def build(self, group: list[TrajectoryScored], *, complete: bool = True) -> list[dict[str, Any]]:
         """One row per trajectory, every step kept: the horizon is the rollout driver's, enforced
@@ -219,6 +240,7 @@ class GRPOGroupBuilder:
 def behaviour_version(t: TrajectoryScored) -> str:
     """The oldest policy version that sampled a step ("base" when none says otherwise), as the
     executor's staleness check reads it; a step without its own version has the trajectory's.
+    Unknown-format versions count as the oldest (`schemas.policy_versions` order).
 
     >>> from schemas.events import ScoredStep
     >>> t = TrajectoryScored(event_id="e", trajectory_id="t", occurred_at="2026-01-01T00:00:00Z",
@@ -228,10 +250,14 @@ def behaviour_version(t: TrajectoryScored) -> str:
     'v2'
     """
     versions = [s.policy_version or t.policy_version for s in t.steps] or [t.policy_version]
-    named = [v for v in versions if v]
-    if not named or len(named) < len(versions):
-        return "base"
-    return min(named, key=lambda v: policy_number(v) or 0)
+    return min((v or BASE_VERSION for v in versions), key=_version_rank)
+
+
+def _version_rank(version: str) -> tuple[bool, int]:
+    """Oldest first, in `schemas.policy_versions` order: unknown-format versions rank below every
+    numbered one (so a step sampled by one makes its row unmeasurable, not fresh)."""
+    number = version_number(version)
+    return (number is not None, number if number is not None else -1)
 
 
 def token_row(t: TrajectoryScored) -> dict[str, Any] | None:

@@ -51,7 +51,7 @@ def run(args) -> dict:
 
 def _measure(root: Path, bootstrap: str, levels: list[int], args) -> dict:
     from consumers.tiny_model import tiny_model_dir
-    from producers.policy.engine import LocalEngine
+    from producers.policy.engine.local import LocalEngine
     from producers.policy.service import PolicyService
     from producers.sdk.recorder import AgentRecorder
 

@@ -44,7 +44,8 @@ def compare_generate(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from producers.policy.engine import LocalEngine, SamplingParams
+    from producers.policy.engine.local import LocalEngine
+    from producers.policy.engine.sampling import SamplingParams
 
     tokenizer, params = _model_of_shape(directory, shape)
     engine = LocalEngine(directory, device=device)

@@ -17,13 +17,7 @@ garbage collected.
 
 Parts: `local` (LocalEngine), `loading` (base model, adapters, device, dtype), `shared_model`
 (adapters side by side on one base), `sampling` (SamplingParams, Sample, the sampling loop),
-`tokenizer` (hash, stop ids, context length) and `errors`. This module is the package's public face.
+`tokenizer` (hash, stop ids, context length) and `errors`. Import each name from its part.
 
     EngineError (ProducerError)    a base model or adapter that cannot be loaded, a bad request
 """
-
-from producers.policy.engine.errors import EngineError
-from producers.policy.engine.local import LocalEngine
-from producers.policy.engine.sampling import MIN_TEMPERATURE, Sample, SamplingParams
-
-__all__ = ["MIN_TEMPERATURE", "EngineError", "LocalEngine", "Sample", "SamplingParams"]

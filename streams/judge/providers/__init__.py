@@ -10,12 +10,12 @@ the reply). The retry policy, circuit breaker and failure kinds are `streams.jud
 from __future__ import annotations
 
 from streams.judge.providers.anthropic import AnthropicProvider
-from streams.judge.providers.base import Answer, Failure, Provider
+from streams.judge.providers.base import Provider
 from streams.judge.providers.openai import OpenAIProvider
 
 PROVIDERS: dict[str, type[Provider]] = {"anthropic": AnthropicProvider, "openai": OpenAIProvider}
 
-__all__ = ["PROVIDERS", "Answer", "Failure", "Provider", "provider_for"]
+__all__ = ["PROVIDERS", "provider_for"]
 
 
 def provider_for(name: str) -> Provider:

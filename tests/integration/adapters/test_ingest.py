@@ -129,7 +129,7 @@ def test_dry_run_cli_all_valid_exits_zero():
 
 
 def test_cli_format_choices_match_the_adapters():
-    from infra.cli import build_parser
+    from infra.cli.main import build_parser
 
     parser = build_parser()
     ingest = parser._subparsers._group_actions[0].choices["ingest"]

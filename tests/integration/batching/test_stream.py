@@ -176,7 +176,7 @@ def test_republishes_a_batch_whose_event_was_lost(broker, data_dir):
 
 def _sft_manifest(data_dir):
     """One SFT batch file with its manifest, from the golden group."""
-    from consumers.batching.builders import SFTBuilder, SFTBuilderConfig
+    from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
     from tests.support.trainer_data import golden_group
 
     rows = SFTBuilder(SFTBuilderConfig(require_success=False)).build(golden_group())

@@ -1,5 +1,5 @@
 """`agentstream bench e2e` with tiny settings, end to end on a real embedded stack (broker, scoring
-role, sink into chDB, trainer as supervised processes, agents recording through the SDK): each rate's
+role, sink into chDB, batch builder as supervised processes, agents recording through the SDK): each rate's
 row has the latencies and, beside them, the CPU seconds per 1,000 steps of every process, as medians
 over `--repeats` runs; `bench readme` turns that JSON into the README's table. The figures themselves
 are not asserted (the machines are noisy)."""
@@ -11,11 +11,11 @@ import json
 import pytest
 
 from infra.bench.readme import END, START, SUMMARY_END, SUMMARY_START
-from infra.cli import main
+from infra.cli.main import main
 
 pytestmark = pytest.mark.integration
 
-PROCESSES = ("broker", "scoring", "sink", "trainer")
+PROCESSES = ("broker", "scoring", "sink", "batch")
 
 
 def test_each_rate_reports_latencies_and_every_process_cpu_over_its_runs(tmp_path, capsys):

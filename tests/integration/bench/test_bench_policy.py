@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from infra.cli import main
+from infra.cli.main import main
 
 pytestmark = pytest.mark.integration
 

@@ -58,7 +58,7 @@ def test_help_lists_subcommands_quickly_without_heavy_imports():
     # Well under a second even on a loaded 2-core box (interpreter start included).
     assert elapsed < 3.0, f"--help took {elapsed:.2f}s"
     probe = (
-        "import sys, infra.cli; infra.cli.build_parser(); "
+        "import sys, infra.cli.main; infra.cli.main.build_parser(); "
         "names = ('torch', 'transformers', 'faust', 'chdb', 'anthropic', 'peft'); "
         "heavy = [m for m in names if m in sys.modules]; "
         "print(','.join(heavy))"
@@ -74,7 +74,7 @@ def test_options_fall_back_to_environment_and_say_so(tmp_path):
     help_text = _run("schema", "export", "--help").stdout
     assert "AGENTSTREAM_DATA_DIR" in help_text and "AGENTSTREAM_BOOTSTRAP_SERVERS" in help_text
 
-    from infra.cli import build_parser
+    from infra.cli.main import build_parser
     from infra.options.env import apply_env_defaults
 
     parser = build_parser()

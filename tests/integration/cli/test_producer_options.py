@@ -3,11 +3,11 @@ keep their flag names and environment variables."""
 
 from __future__ import annotations
 
-from infra.cli import build_parser
+from infra.cli.main import build_parser
 from infra.options.configs import config_from_args
 from infra.options.env import apply_env_defaults
 from producers.adapters.ingest import IngestConfig
-from producers.gateway.server import GatewayConfig, hash_key
+from producers.gateway.requests import GatewayConfig, hash_key
 
 
 def _parse(argv: list[str]):

@@ -141,14 +141,16 @@ def test_replay_refuses_roles_it_cannot_replay(broker, tmp_path, roles, message)
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
-def test_a_trainer_replay_under_the_same_version_rebuilds_the_same_batches(broker, clickhouse_url, tmp_path):
-    """Scoring and trainer replayed from offset 0 under rules-1. Again into the same data
-    directory: the trainer finds its batches built (manifests) and every table stays the same. Into a
-    fresh one: it rebuilds them, with the same ids and the same content (sha256, rows)."""
+def test_a_batch_replay_under_the_same_version_rebuilds_the_same_batches(broker, clickhouse_url, tmp_path):
+    """Scoring and the batch builder replayed from offset 0 under rules-1. Again into the same data
+    directory (asked by the role's old name, `trainer`, which says it is renamed): the batch builder
+    finds its batches built (manifests) and every table stays the same. Into a fresh one: it rebuilds
+    them, with the same ids and the same content (sha256, rows)."""
     _publish_trajectories(broker.bootstrap, "b")
-    roles = ("--roles", "scoring,trainer", "--reward-version", "rules-1", *GRACE)
+    roles = ("--roles", "scoring,batch", "--reward-version", "rules-1", *GRACE)
     first = _replay(broker.bootstrap, tmp_path, *roles)
     assert first.returncode == 0, first.stderr[-3000:]
+    assert "is now" not in first.stderr and "batch: done" in first.stderr
     built = _batches(broker.bootstrap)
     assert built and all(b["reward_versions"] == ["assembly-1+rules-1"] for b in built.values())
     sink = start_sink(broker.bootstrap, clickhouse_url, tmp_path / "sink")
@@ -157,8 +159,11 @@ def test_a_trainer_replay_under_the_same_version_rebuilds_the_same_batches(broke
         wait_for(lambda: group_caught_up(broker.bootstrap), what="the sink to read the first run")
         before = snapshot(client)
         assert len(before["batches"]) == len(built)
-        again = _replay(broker.bootstrap, tmp_path, *roles)
+        old_name = ("--roles", "scoring,trainer", *roles[2:])
+        again = _replay(broker.bootstrap, tmp_path, *old_name)
         assert again.returncode == 0, again.stderr[-3000:]
+        notes = [line for line in again.stderr.splitlines() if "is now" in line]
+        assert len(notes) == 1 and notes[0].startswith("agentstream: replay role `trainer` is now `batch`")
         assert _batches(broker.bootstrap) == built  # nothing new: the same batches, found built
         wait_for(lambda: group_caught_up(broker.bootstrap), what="the sink to read the replay")
         assert _without_offsets(snapshot(client)) == _without_offsets(before)

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from consumers.batching.batch_writer import BatchStore
-from consumers.batching.builders import DPOPairBuilder, SFTBuilder
+from consumers.batching.builders.dpo import DPOPairBuilder
+from consumers.batching.builders.sft import SFTBuilder
 from infra.export.config import ExportConfig
 from infra.export.rows import build_rows, row_trajectory_ids
 from infra.export.splits import split_of

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from streams.judge.client import JudgeCallError, JudgeClient
+from streams.errors import JudgeCallError
+from streams.judge.client import JudgeClient
 from streams.judge.config import JudgeConfig
 from streams.judge.prompt import Prompt
 from tests.support.judge_servers.messages import MessagesServer, Reply

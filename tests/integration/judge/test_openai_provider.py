@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from streams.judge.client import JudgeCallError, JudgeClient
+from streams.errors import JudgeCallError
+from streams.judge.client import JudgeClient
 from streams.judge.config import JudgeConfig, ModelPrice
 from streams.judge.processor import JudgeProcessor
 from streams.judge.prompt import Prompt

@@ -18,7 +18,8 @@ import pytest
 
 from consumers.batching.batch_writer import BatchStore
 from consumers.batching.builders.sft import SFTBuilder
-from infra.export import ExportError, export_dataset
+from infra.export.errors import ExportError
+from infra.export.run import export_dataset
 from infra.mcp import data_tools, env_tools
 from infra.mcp.config import McpConfig
 from infra.mcp.errors import McpToolError

@@ -31,7 +31,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def local_engine(tiny):
-    from producers.policy.engine import LocalEngine
+    from producers.policy.engine.local import LocalEngine
 
     return LocalEngine(tiny, device="cpu")
 

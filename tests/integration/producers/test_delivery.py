@@ -10,7 +10,8 @@ from kafka import KafkaProducer
 
 from producers.sdk.delivery import DeliveryConfig, SpoolDelivery
 from producers.sdk.recorder import AgentRecorder
-from producers.sdk.spool import Cursor, DeliveryIntent, Spool, SpoolRecord
+from producers.sdk.spool import Spool, SpoolRecord
+from producers.sdk.spool_cursor import Cursor, DeliveryIntent
 from schemas.topics import AGENT_EVENTS
 from tests.support.broker import start_broker
 from tests.support.processes import Proc, free_port, wait_for

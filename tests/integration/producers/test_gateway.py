@@ -11,10 +11,9 @@ import uuid
 import aiohttp
 import pytest
 
-from producers.errors import ProducerError
-from producers.gateway.server import (
+from producers.errors import ProducerError, RequestRejected
+from producers.gateway.requests import (
     GatewayConfig,
-    RequestRejected,
     check_events,
     hash_key,
     key_allowed,

@@ -19,7 +19,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from producers.gateway.server import hash_key
+from producers.gateway.requests import hash_key
 from schemas.events import EpisodeEnded, EpisodeStarted, StepRecorded, utc_now
 from schemas.limits import MAX_DEAD_LETTER_PAYLOAD_BYTES, MAX_JSON_DEPTH, MAX_STEP_INDEX
 from schemas.topics import AGENT_EVENTS, DLQ

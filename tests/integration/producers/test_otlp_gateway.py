@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from producers.gateway.otlp.spans import request_to_json
-from producers.gateway.server import hash_key
+from producers.gateway.requests import hash_key
 from schemas.topics import AGENT_EVENTS, DLQ
 from tests.support.broker import start_broker
 from tests.support.processes import AGENTSTREAM, Proc, free_port, wait_for

@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from producers.errors import EpisodeStateError, ProducerError, RecorderBufferFull
-from producers.sdk.recorder import AgentRecorder, AsyncAgentRecorder, EventBuffer
+from producers.sdk.pipeline import EventBuffer
+from producers.sdk.recorder import AgentRecorder, AsyncAgentRecorder
 from producers.sdk.spool import decode_body, scan_frames
 from schemas.ids import derived_event_id
 from schemas.topics import AGENT_EVENTS, POLICY_UPDATES

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from clients.kafka import read_to_end
-from producers.gateway.server import hash_key
+from producers.gateway.requests import hash_key
 from producers.sdk.recorder import AgentRecorder
 from schemas.events import StepRecorded, utc_now
 from schemas.topics import AGENT_EVENTS, DLQ

@@ -45,7 +45,7 @@ def _published(consumer, parts) -> int:
 def _publish_batches(bootstrap, data_dir) -> list[str]:
     from kafka import KafkaProducer
 
-    from consumers.batching.builders import SFTBuilder, SFTBuilderConfig
+    from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
     from tests.support.trainer_data import golden_group
 
     rows = SFTBuilder(SFTBuilderConfig(require_success=False)).build(golden_group())

@@ -8,21 +8,20 @@ import statistics
 
 import pytest
 
-from consumers.batching.builders import (
-    DPOPairBuilder,
-    DPOPairConfig,
-    GroupConfig,
-    GRPOGroupBuilder,
-    GRPOGroupConfig,
-    SFTBuilder,
-    SFTBuilderConfig,
-    StepPairBuilder,
-)
 from consumers.batching.builders.curriculum import curriculum_order
 from consumers.batching.builders.dedup import content_hash
-from consumers.batching.builders.groups import GroupCollector
-from consumers.batching.builders.grpo import group_advantages, is_fresh, step_advantages
-from consumers.batching.planner import Planner, PlannerConfig
+from consumers.batching.builders.dpo import DPOPairBuilder, DPOPairConfig, StepPairBuilder
+from consumers.batching.builders.groups import GroupCollector, GroupConfig
+from consumers.batching.builders.grpo import (
+    GRPOGroupBuilder,
+    GRPOGroupConfig,
+    group_advantages,
+    is_fresh,
+    step_advantages,
+)
+from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
+from consumers.batching.config import PlannerConfig
+from consumers.batching.planner import Planner
 from schemas.records import Record
 from tests.support.policy_updates import policy_update
 from tests.support.trainer_data import HERE, golden_group, scored, step, synthetic
@@ -214,12 +213,47 @@ def test_staleness_and_no_after_the_fact_horizon():
     t = golden_group()[0]
     assert is_fresh(t.model_copy(update={"policy_version": "v3"}), "v5", config)
     assert not is_fresh(t.model_copy(update={"policy_version": "v2"}), "v5", config)
+    assert is_fresh(t.model_copy(update={"policy_version": "v9"}), None, config)  # before any update
     # the horizon is the rollout driver's now: a row keeps every step at any training step
     rows = GRPOGroupBuilder(config).build(golden_group())
     by_id = {t.trajectory_id: len(t.steps) for t in golden_group()}
     for r in rows:
         assistant = [m for m in r["completion"] if m["role"] == "assistant"]
         assert len(assistant) == by_id[r["trajectory_id"]] and "horizon_truncated" not in r
+
+
+@pytest.mark.parametrize(
+    ("version", "current", "fresh"),
+    [
+        ("base", "v9", False),  # base is version 0: 9 behind v9
+        ("base", "v1", True),
+        ("base", "v2", True),
+        ("base", "v3", False),
+        (None, "v9", False),  # a trajectory without a version was sampled by base
+        (None, "v1", True),
+        ("v7", "base", True),
+        ("nightly", "v1", False),  # no number: its lag cannot be measured, so not under a bound
+        ("v3", "nightly", False),
+        ("nightly", "nightly", True),  # the same version lags by 0
+        ("nightly", None, False),
+    ],
+)
+def test_staleness_numbers_versions_as_schemas_policy_versions_does(version, current, fresh):
+    t = golden_group()[0].model_copy(update={"policy_version": version})
+    assert is_fresh(t, current, GRPOGroupConfig(retokenize=True, max_policy_lag=2)) is fresh
+    assert is_fresh(t, current, GRPOGroupConfig(retokenize=True))  # no bound: always admitted
+
+
+def test_unmeasurable_versions_are_not_admitted_and_logged_once(caplog):
+    builder = GRPOGroupBuilder(GRPOGroupConfig(retokenize=True, max_policy_lag=2))
+    t = golden_group()[0]
+    with caplog.at_level("WARNING", logger="consumers.batching.builders.grpo"):
+        for _ in range(3):
+            assert not builder.eligible(t.model_copy(update={"policy_version": "nightly"}), "v4")
+        assert builder.eligible(t.model_copy(update={"policy_version": "v3"}), "v4")
+        assert not builder.eligible(t.model_copy(update={"policy_version": "v1"}), "v4")  # lag 3
+    [warning] = caplog.records
+    assert "'nightly'" in warning.getMessage() and "'v4'" in warning.getMessage()
 
 
 def test_token_ids_and_logprobs_are_carried():

@@ -8,8 +8,10 @@ import json
 
 import pytest
 
-from consumers.batching.builders import GroupConfig, GRPOGroupConfig
-from consumers.batching.planner import Planner, PlannerConfig, split_by_definition
+from consumers.batching.builders.groups import GroupConfig
+from consumers.batching.builders.grpo import GRPOGroupConfig
+from consumers.batching.config import PlannerConfig
+from consumers.batching.planner import Planner, split_by_definition
 from schemas.events import ScoredStep, TrajectoryScored
 from schemas.records import Record
 from tests.support.trainer_data import HERE, golden_group

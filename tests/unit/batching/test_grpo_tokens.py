@@ -122,3 +122,16 @@ def test_the_builders_token_rows_go_through_the_executors_staleness_check():
     rows = GRPOGroupBuilder().build([_traj("a", _continuous()), _traj("b", _continuous(), success=False)])
     assert admit_groups(rows, "v2", 2).trained_groups == 1  # sampled by base: 2 behind, admitted whole
     assert admit_groups(rows, "v3", 2).dropped_groups == 1
+
+
+def test_behaviour_version_is_the_oldest_in_schemas_order_and_unknown_ranks_oldest():
+    from consumers.batching.builders.grpo import behaviour_version
+
+    def sampled_by(*versions, trajectory="v9"):
+        steps = [_step(i, [1], 0, [2], version=v) for i, v in enumerate(versions)]
+        return behaviour_version(_traj("t", steps, version=trajectory))
+
+    assert sampled_by("v10", "v9") == "v9"  # by number, not by text ("v10" < "v9" as strings)
+    assert sampled_by("v3", None, trajectory=None) == "base"  # a step without a version: base
+    assert sampled_by("v3", None) == "v3"  # ... unless the trajectory names one
+    assert sampled_by("v3", "nightly", "base") == "nightly"  # no number: below every numbered one

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.batching.builders import SFTBuilderConfig
+from consumers.batching.builders.sft import SFTBuilderConfig
 from consumers.batching.chat import assistant_message, ordered_steps, tool_schemas, trajectory_messages
 from consumers.batching.tokenize import IGNORE_INDEX, SFTTokenizedBuilder, encode_messages, step_chunks
 from tests.support.trainer_data import golden_group, scored, step
@@ -111,7 +111,8 @@ def test_context_steps_are_masked(tokenizer):
 
 
 def test_planner_builds_pretokenized_batches(tokenizer):
-    from consumers.batching.planner import Planner, PlannerConfig
+    from consumers.batching.config import PlannerConfig
+    from consumers.batching.planner import Planner
     from schemas.records import Record
 
     planner = Planner(

@@ -7,13 +7,8 @@ import copy
 import pytest
 
 from consumers.batching.batch_writer import BatchStore
-from consumers.batching.builders import (
-    DPOPairBuilder,
-    DPOPairConfig,
-    SFTBuilder,
-    SFTBuilderConfig,
-    StepPairBuilder,
-)
+from consumers.batching.builders.dpo import DPOPairBuilder, DPOPairConfig, StepPairBuilder
+from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
 from consumers.batching.tokenize import SFTTokenizedBuilder
 from tests.support.trainer_data import golden_group
 

@@ -158,3 +158,20 @@ def test_the_generator_doctests_hold():
 
     result = doctest.testmod(generator)
     assert result.attempted >= 5 and result.failed == 0
+
+
+def test_an_earlier_runs_trainer_column_is_shown_as_batch_like_a_new_runs():
+    """The batch builder's component was "trainer" until issue #35: older JSON still renders, under
+    today's name, the same as a run that wrote "batch"."""
+    idle = {"seconds": 10.0, "broker": 7.0, "sink": 10.0, "stack": 24.0}
+    old = {**E2E, "idle_cpu_ms_per_s": {**idle, "trainer": 7.0}}
+    rows = [
+        {("batch" if k == "trainer" else k): v for k, v in row.items()} for row in E2E["cpu_s_per_1k_steps"]
+    ]
+    new = {**E2E, "cpu_s_per_1k_steps": rows, "idle_cpu_ms_per_s": {**idle, "batch": 7.0}}
+    text = section(old)
+    assert text == section(new)
+    assert "| sink | batch | agents (SDK) |" in text and "trainer" not in text
+    assert "| 5,000 | 4,938 | yes | 32,006 / 55,107 | 33,406 / 55,280 | 1.050 | 0.080 | 0.250 |" in text
+    assert "| 0.330 | 0.040 | 0.180 |" in text  # sink, batch (was trainer), agents
+    assert "sink 10.0, batch 7.0." in text

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from infra.broker.groups import CoordinatorConfig, GroupCoordinator, GroupState, JoinRequest
+from infra.broker.group_state import GroupState, JoinRequest
+from infra.broker.groups import CoordinatorConfig, GroupCoordinator
 from infra.broker.protocol import ErrorCode
 
 FAST = CoordinatorConfig(initial_rebalance_delay_ms=10, session_check_interval_ms=20)

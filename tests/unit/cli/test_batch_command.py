@@ -3,7 +3,7 @@ release after a one-line note on stderr."""
 
 from __future__ import annotations
 
-from infra.cli import build_parser, main
+from infra.cli.main import build_parser, main
 from infra.commands import batch_train as commands
 
 
@@ -36,8 +36,8 @@ def test_the_stack_runs_batch_and_up_takes_flag_pairs(tmp_path):
     from infra.stack import components, embedded_config
 
     names = {c.name: c.args for c in components(embedded_config(tmp_path))}
-    assert names["trainer"][0] == "batch"
-    args = build_parser().parse_args(["up", "--no-trainer", "--no-console"])
-    assert (args.trainer, args.console) == (False, False)
+    assert names["batch"][0] == "batch" and "trainer" not in names
+    args = build_parser().parse_args(["up", "--no-batch", "--no-console"])
+    assert (args.batch, args.console) == (False, False)
     args = build_parser().parse_args(["up"])
-    assert (args.trainer, args.console) == (True, True)
+    assert (args.batch, args.console) == (True, True)

@@ -108,7 +108,7 @@ def test_config_to_argv_rebuilds_the_same_config_in_a_child():
 
 
 def test_a_bad_path_is_a_one_line_error_naming_it(tmp_path, capsys):
-    from infra.cli import main
+    from infra.cli.main import main
 
     (tmp_path / "f.txt").write_text("a file, not a directory")
     code = main(["schema", "export", str(tmp_path / "f.txt" / "sub")])

@@ -3,10 +3,12 @@ on the command line; its environment variable still says true/false/1/0."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from infra.cli import build_parser
-from infra.options.env import apply_env_defaults
+from infra.cli.main import build_parser
+from infra.options.env import EnvFlag, RenamedOption, add_option, apply_env_defaults, parse_bool
 
 
 def parse(argv: list[str]):
@@ -73,3 +75,36 @@ def test_help_shows_both_forms():
     sub = next(a for a in parser._actions if a.dest == "_command").choices["ingest"]
     text = sub.format_help()
     assert "--json, --no-json" in text and "--json | --no-json" in text
+
+
+def plain_booleans(parser: argparse.ArgumentParser) -> list[str]:
+    """Every boolean option of `parser` and its subcommands that is not a flag pair (`EnvFlag`,
+    argparse's `BooleanOptionalAction`, or the hidden old spelling of one): a plain `store_true`
+    (`--x` with no `--no-x`), or a boolean that takes a value (`--x [true|false]`)."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += plain_booleans(sub)
+        elif action.type is parse_bool or (
+            action.nargs == 0 and not isinstance(action, (argparse._HelpAction, argparse._VersionAction))
+        ):
+            pair = isinstance(action, (EnvFlag, argparse.BooleanOptionalAction))
+            if not pair and not (isinstance(action, RenamedOption) and isinstance(action.new, EnvFlag)):
+                found.append(f"{parser.prog} {'/'.join(action.option_strings)}")
+    return found
+
+
+def test_every_boolean_option_of_every_command_is_a_flag_pair():
+    assert plain_booleans(build_parser()) == [], "use add_option(..., action='store_true') (EnvFlag)"
+
+
+def test_the_walk_finds_a_plain_store_true_in_a_subcommand():
+    parser = argparse.ArgumentParser(prog="tiny")
+    sub = parser.add_subparsers().add_parser("run")
+    sub.add_argument("--fast", action="store_true")
+    sub.add_argument("--quiet", action="store_const", const=True)
+    add_option(sub, "--json", action="store_true")
+    sub.add_argument("--color", action=argparse.BooleanOptionalAction)
+    sub.add_argument("--dry-run", type=parse_bool, nargs="?", const=True)  # the old `--dry-run [BOOL]`
+    assert plain_booleans(parser) == ["tiny run --fast", "tiny run --quiet", "tiny run --dry-run"]

@@ -32,9 +32,9 @@ def test_a_version_that_cannot_name_a_group_is_refused_with_its_value(version):
 
 
 def test_every_role_is_replayable_in_phases_and_unknown_ones_are_refused():
-    roles = ("trainer", "scoring", "judge")
+    roles = ("batch", "scoring", "judge")
     assert check_roles(roles) == roles
-    assert phases(roles) == [("judge",), ("scoring",), ("trainer",)]
+    assert phases(roles) == [("judge",), ("scoring",), ("batch",)]
     with pytest.raises(ReplayError, match="unknown role 'x'"):
         check_roles(("x",))
 
@@ -45,7 +45,7 @@ def test_the_roles_merged_into_scoring_are_refused_saying_what_to_run(role):
         check_roles(("judge", role))
     message = str(refused.value)
     assert f"{role!r} is no longer a role" in message
-    assert "--roles scoring" in message and "replayable: judge, scoring, trainer" in message
+    assert "--roles scoring" in message and "replayable: judge, scoring, batch" in message
 
 
 def test_what_is_left_counts_from_the_start_and_ignores_other_topics():
@@ -69,10 +69,10 @@ def test_the_judge_runs_before_scoring_whatever_the_order_asked():
 
 
 def test_scoring_measures_again_only_what_replayed_roles_wrote():
-    plan = ReplayPlan(("judge", "scoring", "trainer"), "v", "p")
+    plan = ReplayPlan(("judge", "scoring", "batch"), "v", "p")
     assert upstream_topics(plan, "scoring", ("judge",)) == ("reward.judge",)
     assert upstream_topics(plan, "scoring", ()) == ()
-    assert upstream_topics(plan, "trainer", ("judge", "scoring")) == ("trajectory.scored",)
+    assert upstream_topics(plan, "batch", ("judge", "scoring")) == ("trajectory.scored",)
     assert upstream_topics(plan, "judge", ()) == ()
 
 

@@ -10,17 +10,13 @@ import pytest
 import yaml
 
 from consumers.batching.batch_writer import BatchStore
-from consumers.batching.builders import (
-    GRPOGroupBuilder,
-    GRPOGroupConfig,
-    SFTBuilder,
-    SFTBuilderConfig,
-    StepPairBuilder,
-)
-from infra.export import export_dataset
+from consumers.batching.builders.dpo import StepPairBuilder
+from consumers.batching.builders.grpo import GRPOGroupBuilder, GRPOGroupConfig
+from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
 from infra.export.card import render_card
 from infra.export.config import ExportConfig
 from infra.export.rows import build_rows
+from infra.export.run import export_dataset
 from tests.support.trainer_data import golden_group, synthetic
 
 FACTS = {

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infra.export import ExportError
+from infra.export.errors import ExportError
 from infra.export.splits import SPLITS, assign, parse_fractions, split_of
 
 task_ids = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)

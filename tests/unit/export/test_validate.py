@@ -9,9 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from consumers.batching.batch_writer import BatchStore
-from consumers.batching.builders import DPOPairBuilder, SFTBuilder, SFTBuilderConfig
-from infra.export import ExportError, export_dataset, validate_dataset
+from consumers.batching.builders.dpo import DPOPairBuilder
+from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
 from infra.export.checks import check
+from infra.export.errors import ExportError
+from infra.export.run import export_dataset, validate_dataset
 from tests.support.trainer_data import golden_group, synthetic
 
 META = {

@@ -11,9 +11,10 @@ import re
 import pytest
 
 import streams.judge.selection as selection_module
+from streams.errors import JudgeRulesError
 from streams.judge.config import JudgeConfig
 from streams.judge.role import build_processor, register
-from streams.judge.selection import DEFAULT_RULE, DEFAULT_RULES, JudgeRules, JudgeRulesError
+from streams.judge.selection import DEFAULT_RULE, DEFAULT_RULES, JudgeRules
 from tests.support.judge_events import started, trajectory
 from tests.support.judge_servers.chat import ChatServer
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.judge.parse import ParseError, extract_json, parse_group, parse_steps, parse_trajectory
+from streams.errors import ParseError
+from streams.judge.parse import extract_json, parse_group, parse_steps, parse_trajectory
 from streams.judge.prompt import TAG, StepView, escape_untrusted, step_prompt
 from streams.judge.rubrics import RubricCatalog, rubrics_for
 

@@ -11,12 +11,13 @@ import pytest
 
 from schemas.codec import encode
 from schemas.records import Record
+from streams.errors import JudgeRulesError
 from streams.judge.budget import SpendBudget
 from streams.judge.config import JudgeConfig
 from streams.judge.processor import JudgeProcessor
 from streams.judge.prompt import TAG
 from streams.judge.rubrics import RubricCatalog
-from streams.judge.selection import JudgeRule, JudgeRules, JudgeRulesError, sample_fraction
+from streams.judge.selection import JudgeRule, JudgeRules, sample_fraction
 from tests.support.judge_events import T0, ended, started, step, trajectory
 from tests.support.judge_servers.messages import MessagesServer, outside_blocks, score_prompt
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from producers.policy.engine import Sample, SamplingParams
+from producers.policy.engine.sampling import Sample, SamplingParams
 from producers.policy.requests import PolicyConfig
 from producers.policy.server import create_app
 from producers.policy.service import CLIENT_FIELDS, PolicyService

@@ -10,8 +10,9 @@ import shutil
 
 import pytest
 
-from producers.policy.engine import EngineError, LocalEngine, SamplingParams
-from producers.policy.engine.sampling import filter_logits
+from producers.policy.engine.errors import EngineError
+from producers.policy.engine.local import LocalEngine
+from producers.policy.engine.sampling import SamplingParams, filter_logits
 
 TOL = 1e-4
 TOOLS = [

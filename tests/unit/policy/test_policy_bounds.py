@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from producers.errors import ProducerError
-from producers.policy.engine import SamplingParams
-from producers.policy.engine.sampling import filter_logits, pick_tokens
+from producers.policy.engine.sampling import SamplingParams, filter_logits, pick_tokens
 from producers.policy.engine.tokenizer import context_length
 from producers.policy.requests import PolicyConfig, parse_chat
 from producers.policy.server import host_allowed

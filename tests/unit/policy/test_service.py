@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from producers.policy.engine import Sample, SamplingParams
+from producers.policy.engine.sampling import Sample, SamplingParams
 from producers.policy.requests import parse_chat
 from producers.policy.service import PolicyService
 

@@ -7,16 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from producers.errors import SpoolError
-from producers.sdk.spool import (
-    MAGIC,
-    Cursor,
-    DeliveryIntent,
-    Spool,
-    SpoolRecord,
-    encode_frame,
-    has_pending,
-    slot_status,
-)
+from producers.sdk.spool import MAGIC, Spool, SpoolRecord, encode_frame, has_pending, slot_status
+from producers.sdk.spool_cursor import Cursor, DeliveryIntent
 
 
 def records(n: int, start: int = 0, size: int = 10) -> list[SpoolRecord]:

@@ -8,7 +8,7 @@ import math
 import pytest
 
 import producers.envs  # noqa: F401  (registers calc)
-from infra.cli import main
+from infra.cli.main import main
 from infra.commands import evaluate as command
 from producers.envs.tasks import builtin_tasks
 from producers.rollout.driver import EpisodeResult, RolloutConfig

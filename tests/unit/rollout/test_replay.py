@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import main
+from infra.cli.main import main
 from producers.rollout.replay import ReplayError, load_steps, normalise, replay, replay_call
-from producers.sandbox import LocalSandbox
+from producers.sandbox.local import LocalSandbox
 
 SWE_AGENT_TRAJ = (
     Path(__file__).resolve().parents[2] / "data/adapters/swe_agent/marshmallow-code__marshmallow-1867.traj"

@@ -15,7 +15,7 @@ def names(tmp_path, **kwargs):
 
 
 def test_the_default_stack_runs_one_scoring_process_per_worker_slot(tmp_path):
-    assert names(tmp_path) == ["broker", "scoring", "sink", "trainer"]
+    assert names(tmp_path) == ["broker", "scoring", "sink", "batch"]
     assert names(tmp_path, workers=2)[1:3] == ["scoring-0", "scoring-1"]
     scoring = next(c for c in components(embedded_config(tmp_path)) if c.name == "scoring")
     assert scoring.args == ("worker", "--roles", "scoring")

@@ -1,4 +1,4 @@
-"""`agentstream up --train`: the training executor is a supervised component, after the trainer,
+"""`agentstream up --train`: the training executor is a supervised component, after the batch builder,
 following training.batches for GRPO by default, with --train-args passed through."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from infra.commands.stack import _stack_config
 from infra.stack import components, embedded_config
 
 
-def test_the_executor_runs_only_with_train_and_starts_after_the_trainer(tmp_path):
+def test_the_executor_runs_only_with_train_and_starts_after_the_batch_builder(tmp_path):
     assert "executor" not in [c.name for c in components(embedded_config(tmp_path))]
     names = [c.name for c in components(embedded_config(tmp_path, train=True, policy=True))]
-    assert names.index("trainer") < names.index("executor")
+    assert names.index("batch") < names.index("executor")
     [executor] = [c for c in components(embedded_config(tmp_path, train=True)) if c.name == "executor"]
     assert executor.args == ("train", "--follow", "--kinds", "grpo")
 

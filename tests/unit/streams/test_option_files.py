@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from streams.errors import StreamsError
+from streams.errors import JudgeRulesError, ProfileError, RubricsError, StreamsError
 from streams.judge.config import JudgeConfig
-from streams.judge.rubrics import RubricCatalog, RubricsError, rubrics_for
-from streams.judge.selection import JudgeRules, JudgeRulesError
-from streams.rules.profiles import BUILTIN_PROFILES, ProfileError, ProfileRegistry
+from streams.judge.rubrics import RubricCatalog, rubrics_for
+from streams.judge.selection import JudgeRules
+from streams.rules.profiles import BUILTIN_PROFILES, ProfileRegistry
 
 LOADERS = [
     pytest.param(ProfileRegistry.from_file, ProfileError, "profiles file", id="profiles"),

@@ -12,7 +12,8 @@ from schemas.codec import encode
 from schemas.events import JudgeFailed
 from schemas.records import Record
 from streams.assembler.processor import TrajectoryAssembler
-from streams.config import WorkerConfig, WorkerConfigError
+from streams.config import WorkerConfig
+from streams.errors import WorkerConfigError
 from streams.rules.processor import RuleRewarder
 from streams.rules.profiles import ProfileRegistry
 from tests.support.streams_events import T0, judge_steps, trajectory

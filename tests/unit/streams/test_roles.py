@@ -9,7 +9,8 @@ import subprocess
 import pytest
 
 from streams.app import ROLE_REGISTRARS
-from streams.config import DEFAULT_ROLES, ROLES, WorkerConfig, WorkerConfigError
+from streams.config import DEFAULT_ROLES, ROLES, WorkerConfig
+from streams.errors import WorkerConfigError
 from tests.support.processes import AGENTSTREAM
 
 

@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from schemas.events import EpisodeStarted, StepRecorded
+from streams.errors import ProfileError
 from streams.rules.profiles import (
     BUILTIN_PROFILES,
     CODING,
     CONVERSATION,
     GENERIC,
-    ProfileError,
     ProfileRegistry,
     load_profiles,
 )

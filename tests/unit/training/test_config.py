@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from consumers.batching.batch_writer import BatchStore
-from consumers.batching.config import BatchBuilderConfig
+from consumers.batching.config import BatchBuilderConfig, PlannerConfig
 from consumers.batching.kinds import DEFAULT_KINDS, KINDS, METHODS, follow_kind
-from consumers.batching.planner import GroupLane, Planner, PlannerConfig
+from consumers.batching.planner import GroupLane, Planner
 from consumers.errors import ConsumerConfigError, ConsumersError, SinkError, TrainerError
 from consumers.sink.clickhouse import SinkUnavailable
 from consumers.training.config import TrainRunConfig

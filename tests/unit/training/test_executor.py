@@ -6,14 +6,9 @@ import math
 
 import pytest
 
-from consumers.batching.builders import (
-    DPOPairConfig,
-    GRPOGroupBuilder,
-    GRPOGroupConfig,
-    SFTBuilder,
-    SFTBuilderConfig,
-    StepPairBuilder,
-)
+from consumers.batching.builders.dpo import DPOPairConfig, StepPairBuilder
+from consumers.batching.builders.grpo import GRPOGroupBuilder, GRPOGroupConfig
+from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
 from consumers.training.config import TrainConfig
 from consumers.training.executor import TrainingExecutor
 from consumers.training.losses import IGNORE_INDEX, step_weights

@@ -1,4 +1,5 @@
-"""Golden values for GRPO's off-policy maths: version numbers, whole-group staleness admission,
+"""Golden values for GRPO's off-policy maths: whole-group staleness admission (versions numbered by
+`schemas.policy_versions`),
 truncated importance weights (plain and tensor), ESS, the learning-rate schedule, and the sign of
 the GRPO / KL gradients."""
 
@@ -18,13 +19,14 @@ from consumers.training.offpolicy import (
     importance_metrics,
     learning_rate_at,
     truncated_weight,
-    version_number,
 )
 
 
-def test_version_numbers_base_is_zero_and_unknown_is_none():
-    assert [version_number(v) for v in ("base", None, "", "v0", "v3", "v12")] == [0, 0, 0, 0, 3, 12]
-    assert version_number("nightly") is None
+def test_a_missing_version_is_base_and_base_is_behind_every_numbered_version():
+    rows = [{"group_id": g, "policy_version": v} for g, v in (("a", "base"), ("b", None), ("c", ""))]
+    assert admit_groups(rows, "v9", max_staleness=2).dropped_groups == 3  # base is 9 behind v9
+    fresh = admit_groups(rows, "v1", max_staleness=2)
+    assert fresh.dropped_groups == 0 and fresh.staleness_histogram == {"1": 3}
 
 
 def _row(group, version, key="policy_version", tid=None):
@@ -46,19 +48,23 @@ def test_a_group_is_admitted_or_dropped_whole_by_its_oldest_version():
     assert len(admit_groups(rows[:2], "v5", max_staleness=4).rows) == 2
 
 
-def test_rows_without_group_are_their_own_group_and_unknown_versions_count_as_fresh():
+def test_rows_without_group_are_their_own_group_and_unknown_versions_are_dropped():
     rows = [
         {"policy_version": "v0", "trajectory_id": "old"},
         {"group_id": "", "policy_version": "v3", "trajectory_id": "new"},
         {"group_id": "g", "behaviour_version": None, "trajectory_id": "base"},  # None = base = 0
         {"group_id": "h", "policy_version": "nightly", "trajectory_id": "odd"},
+        {"group_id": "i", "policy_version": "v3", "trajectory_id": "i-v3"},
+        {"group_id": "i", "policy_version": "nightly", "trajectory_id": "i-odd"},  # drops i whole
     ]
     out = admit_groups(rows, "v3", max_staleness=2)
-    assert [r["trajectory_id"] for r in out.rows] == ["new", "odd"]
-    assert out.dropped_groups == 2 and out.unknown_versions == ["nightly"]
-    assert out.staleness_histogram == {"0": 2}
-    fresh = admit_groups(rows, None, max_staleness=0)  # nothing is stale against the base weights
-    assert fresh.dropped_groups == 0 and len(fresh.rows) == 4
+    assert [r["trajectory_id"] for r in out.rows] == ["new"]
+    assert out.dropped_groups == 4 and out.unknown_versions == ["nightly"]
+    assert out.staleness_histogram == {"0": 1}
+    base = admit_groups(rows, None, max_staleness=0)  # no numbered version is stale for base weights
+    assert [r["trajectory_id"] for r in base.rows] == ["old", "new", "base"]
+    assert base.dropped_groups == 2 and base.unknown_versions == ["nightly"]
+    assert admit_groups(rows, "v3", max_staleness=100).dropped_groups == 2  # no bound measures them
 
 
 def test_truncated_importance_weights_golden():
