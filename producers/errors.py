@@ -15,7 +15,9 @@ and the policy server.
         ├── AdapterError            an agent log that cannot be converted (`agentstream ingest`)
         ├── EnvError                an unknown or duplicate env id, a bad task file line, a step
         │   │                       before reset() or after the episode ended (producers.envs.errors)
-        │   └── ExpressionError     an expression the safe calculator refuses (producers.envs.calc)
+        │   ├── ExpressionError     an expression the safe calculator refuses (producers.envs.calc)
+        │   └── VerdictRefused      a sandbox verdict decided without a test result: the agent's
+        │                           diff does not apply, no git (producers.envs.sandbox_verdict)
         ├── SandboxError            a sandbox that cannot be created or used (producers.sandbox)
         ├── ReplayError             a trajectory that cannot be replayed (producers.rollout.replay)
         ├── EngineError             the policy server cannot load a base model or an adapter

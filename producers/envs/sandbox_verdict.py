@@ -83,7 +83,7 @@ base64 "$out"
 PATCH_MARKER = "--- agentstream: agent patch in base64 follows ---"
 
 
-class VerdictRefused(Exception):
+class VerdictRefused(EnvError):
     """The verdict is False for a reason that is not a test result (logged with the task id)."""
 
 
