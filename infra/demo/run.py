@@ -26,7 +26,7 @@ def demo_command(args) -> int:
     data_dir = (Path(settings.data_dir) / "demo").resolve()
     if data_dir.exists() and not args.keep:
         shutil.rmtree(data_dir)
-    # The demo's GRPO groups are `group_size` rollouts of one task; the trainer flushes every 2 s.
+    # The demo's GRPO groups are `group_size` rollouts of one task; the batch builder flushes every 2 s.
     # The policy server records token ids with every step, so GRPO rows are token-faithful.
     batch_args = ("--group-size", str(args.group_size), "--flush-interval-s", "2")
     config = embedded_config(data_dir, batch_args=batch_args, policy=True, policy_port=free_port())
@@ -76,8 +76,9 @@ def wait_for_pipeline(config, expected: int, supervisor, timeout_s: float = 90.0
 
 
 def _wait_for_batches(config, supervisor, settle_s: float = 4.0, timeout_s: float = 40.0) -> None:
-    """The trainer flushes ready trajectories every few seconds: wait until its batches stop changing."""
-    output.say("[demo] waiting for the trainer to flush its batches...")
+    """The batch builder flushes ready trajectories every few seconds: wait until its batches
+    stop changing."""
+    output.say("[demo] waiting for the batch builder to flush its batches...")
     deadline = time.monotonic() + timeout_s
     last, stable_since = -1, time.monotonic()
     while time.monotonic() < deadline:
