@@ -19,7 +19,7 @@ import threading
 
 from clients.clickhouse.client import chdb_path, connect
 from infra.options.env import add_option, command_parser, group_parser
-from infra.terminal.output import say
+from infra.terminal.output import say, warn
 from schemas.settings import Settings
 
 
@@ -214,10 +214,21 @@ def trajectory_cmd(args) -> int:
     if args.format == "json":
         say(json.dumps({"episode": episode, "steps": steps}, indent=2, default=str))
         return 0
+    stray = episode.pop("stray_labels")
     if args.format == "table":
         say(" ".join(f"{k}={v}" for k, v in episode.items() if v is not None))
         say("")
     say(render(steps, args.format))
+    if stray and args.format == "table":  # a label `annotate` published for a step never taken
+        say("\nhuman labels on steps this trajectory does not have:")
+        say(
+            render(
+                [{k: a[k] for k in ("step_index", "rubric", "score", "annotator")} for a in stray], "table"
+            )
+        )
+    elif stray:  # CSV is one table: the labels go to stderr rather than nowhere
+        shown = ", ".join(f"step {a['step_index']} {a['rubric']}={a['score']}" for a in stray)
+        warn(f"human labels on steps this trajectory does not have: {shown}")
     return 0
 
 

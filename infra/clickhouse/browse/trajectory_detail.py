@@ -19,8 +19,10 @@ def trajectory_scores(
 ) -> tuple[dict, list[dict]]:
     """The episode and the per-step scores of `agentstream trajectory ID` (rule, judge, human,
     process) under a reward version (`trajectory_version`: given, else the newest complete one the
-    trajectory has); the episode names it (`reward_version`, `reward_version_source`) and every
-    version the trajectory has (`reward_versions`). Raises ClickHouseError naming an id that is nowhere."""
+    trajectory has); the episode names it (`reward_version`, `reward_version_source`), every
+    version the trajectory has (`reward_versions`) and the human labels on steps it does not have
+    (`stray_labels`: no step row for them, see `taken_steps`). Raises ClickHouseError naming an
+    id that is nowhere."""
     from clients.clickhouse import ClickHouseError
 
     choice, has = trajectory_version(lambda sql: run(client, sql), trajectory_id, reward_version)
@@ -30,8 +32,36 @@ def trajectory_scores(
     steps = trajectory_steps(results)
     if not steps and not episode_rows:
         raise ClickHouseError(f"trajectory_id {trajectory_id!r}: no such trajectory in ClickHouse")
+    taken = taken_steps(results)
+    stray = []
+    if any(s["step"] not in taken for s in steps):
+        notes = run_dicts(client, trajectory_detail_sql(trajectory_id)["annotations"])
+        stray = stray_labels(taken, notes)
     episode = {**(episode_rows[0] if episode_rows else {}), **choice.as_dict(), "reward_versions": has}
-    return episode, steps
+    return {**episode, "stray_labels": stray}, [s for s in steps if s["step"] in taken]
+
+
+def taken_steps(results: dict[str, Any]) -> set[int]:
+    """The step indices the trajectory has: a recorded step, a rule reward, a judge verdict or a
+    process score. A human label alone is no evidence: `agentstream annotate` publishes whatever
+    step index it is given, before the sink may have the trajectory (pure).
+
+    >>> sorted(taken_steps({"steps": [(0,)], "rule": [(1, 0.5)], "human": [(7, 1.0)], "process": [([0.1],)]}))
+    [0, 1]
+    """
+    process = results.get("process") or ()
+    indices = {row[0] for name in ("steps", "rule", "judge") for row in results.get(name, ())}
+    return indices | set(range(len(process[0][0]) if process else 0))
+
+
+def stray_labels(taken: set[int], notes: list[dict]) -> list[dict]:
+    """The human labels on a step index the trajectory does not have (pure): shown apart, never
+    as a step that was not taken, and never dropped.
+
+    >>> stray_labels({0, 1}, [{"step_index": 1}, {"step_index": None}, {"step_index": 7}])
+    [{'step_index': 7}]
+    """
+    return [a for a in notes if a["step_index"] is not None and a["step_index"] not in taken]
 
 
 def trajectory_detail_sql(trajectory_id: str, reward_version: str = "") -> dict[str, Sql]:
@@ -76,19 +106,22 @@ def trajectory_detail(client, trajectory_id: str, reward_version: str | None = N
     """Everything about one trajectory, step by step; None when ClickHouse has nothing under the id.
 
     Each step carries its text (thought, tool, params, observation), the scores of
-    `trajectory_scores` (the CLI's numbers) and the judge verdicts and annotations on it."""
+    `trajectory_scores` (the CLI's numbers) and the judge verdicts and annotations on it; a human
+    label on a step the trajectory does not have is in `stray_labels`, not a step."""
     choice, has = trajectory_version(lambda sql: run(client, sql), trajectory_id, reward_version)
     queries = trajectory_detail_sql(trajectory_id, choice.version)
     details = {name: run_dicts(client, sql) for name, sql in queries.items()}
     if not any(details[name] for name in ("header", "episode", "steps")):
         return None
     episode, scores = trajectory_scores(client, trajectory_id, choice.version or None)
+    steps = merge_steps(scores, details["steps"], details["judge"], details["annotations"])
     return {
         "version": {**choice.as_dict(), "text": choice.describe(), "versions": has},
         "header": merge_header(trajectory_id, details["episode"], [episode], details["header"]),
-        "steps": merge_steps(scores, details["steps"], details["judge"], details["annotations"]),
+        "steps": steps,
         "trajectory_judgements": [j for j in details["judge"] if j["step_index"] is None],
         "annotations": [a for a in details["annotations"] if a["step_index"] is None],
+        "stray_labels": stray_labels({s["index"] for s in steps}, details["annotations"]),
     }
 
 

@@ -209,7 +209,17 @@ def _seed_layers(client) -> None:
                 "score": 0.25,
                 "annotator": "ann@example.com",
                 "comment": "meh",
-            }
+            },
+            {  # `agentstream annotate` on a step t00 never took: a stray label, never a step
+                "event_id": "a7",
+                "trajectory_id": "t00",
+                "step_index": 7,
+                "occurred_at": T0,
+                "rubric": "stray-rubric",
+                "score": 0.75,
+                "annotator": "ann@example.com",
+                "comment": "",
+            },
         ],
     )
     insert(
@@ -282,6 +292,29 @@ def test_the_trajectory_page_shows_every_layer_and_matches_the_cli(console):
         client.close()
     assert [s["scores"] for s in page["steps"]] == json.loads(json.dumps(cli_steps, default=str))
     assert [s["scores"]["judge"] for s in page["steps"]] == [0.8, None, None]
+
+
+def test_a_label_on_a_step_the_trajectory_does_not_have_is_shown_apart_not_as_a_step(console, capsys):
+    from argparse import Namespace
+
+    from infra.commands.clickhouse import trajectory_cmd
+
+    _, body, _ = console.get("/trajectories/t00?format=json")
+    page = json.loads(body)
+    assert [s["index"] for s in page["steps"]] == [0, 1, 2]
+    assert [(a["step_index"], a["rubric"], a["score"]) for a in page["stray_labels"]] == [
+        (7, "stray-rubric", 0.75)
+    ]
+    _, html, _ = console.get("/trajectories/t00")
+    assert 'data-step="7"' not in html and 'data-stray-step="7"' in html and "stray-rubric" in html
+    args = Namespace(trajectory_id="t00", reward_version=None, clickhouse_url=console.url_ch)
+    assert trajectory_cmd(Namespace(**vars(args), format="json")) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [s["step"] for s in shown["steps"]] == [0, 1, 2]
+    assert [a["step_index"] for a in shown["episode"]["stray_labels"]] == [7]
+    assert trajectory_cmd(Namespace(**vars(args), format="table")) == 0
+    table = capsys.readouterr().out
+    assert "human labels on steps this trajectory does not have" in table and "stray-rubric" in table
 
 
 def test_the_leaderboard_page_shows_the_cli_numbers(console):
