@@ -28,8 +28,9 @@ from schemas.codec import field_errors
 from schemas.events import EpisodeEnded, EpisodeStarted, StepRecorded, TrajectoryScored
 from schemas.ids import derived_event_id
 from schemas.json_input import json_object
-from streams.assembler.assembly import STARTED_FIELDS, Assembly, score_trajectory
+from streams.assembler.assembly import STARTED_FIELDS, Assembly
 from streams.assembler.reward_math import Calibrations
+from streams.assembler.scored import score_trajectory
 from streams.rules.profiles import ProfileRegistry
 from streams.rules.stream import TrajectoryRules
 
@@ -148,6 +149,6 @@ def score_json_trajectory(
     assembly = Assembly()
     for event in [*events, *rewards]:
         assembly.add(event, now=0.0)
-    scored = score_trajectory(assembly, tid, profiles, Calibrations())
+    scored = score_trajectory(assembly.joined(), tid, profiles, Calibrations())
     event_id = derived_event_id("trajectory.scored", tid, 0, PRODUCER)
     return scored.model_copy(update={"event_id": event_id, "revision": 0})

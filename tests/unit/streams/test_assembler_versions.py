@@ -97,6 +97,6 @@ def test_without_a_configured_version_the_first_rule_reward_of_a_step_is_taken()
 def test_the_module_examples_hold():
     import doctest
 
-    from streams.assembler import assembly
+    from streams.assembler import scored
 
-    assert doctest.testmod(assembly).failed == 0
+    assert doctest.testmod(scored).failed == 0
