@@ -4,6 +4,7 @@
     └── InfraError
         ├── StackError            infra/supervisor.py: a supervised component failed to start
         ├── DockerUnavailable     infra/docker_engine.py: the docker path without a reachable engine
+        ├── SandboxEngineError    infra/sandbox_engine/errors.py: the sandbox's private engine (subtree there)
         ├── TopicAdminError       infra/commands/topics.py: `agentstream topics ...`
         ├── ReadmeError           infra/bench/readme.py: `agentstream bench readme`
         ├── FilterError           infra/clickhouse/browse/filters.py: a malformed filter (field, value named)

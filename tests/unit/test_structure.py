@@ -47,6 +47,7 @@ INFRA_RANK = {
     "lineage": 3,
     "export": 3,
     "docker_engine": 4,
+    "sandbox_engine": 4,  # the private dockerd of the Docker sandbox and its image
     "console": 4,  # the read-side apps over the query layer
     "mcp": 4,
     "demo": 5,  # the guided tour and the learning loop, over the stack
