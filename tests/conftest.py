@@ -12,6 +12,9 @@ import pytest
 
 from tests.support.broker import BrokerHandle, start_broker
 
+# The private Docker engine: the lazy `sandbox_engine` fixture, the `engine` marker, skips as failures in CI.
+pytest_plugins = ["tests.support.sandbox_engine"]
+
 
 def pytest_addoption(parser):
     parser.addoption(
