@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test lint format venv clean bench browser
+.PHONY: demo test lint format venv clean bench browser sandbox-tools
 
 venv: $(STAMP)
 
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/agentstream demo
 
-test: $(STAMP) browser
+test: $(STAMP) browser sandbox-tools
 	$(BIN)/python -m pytest
 
 # The console's browser tests drive Debian's chromium through Playwright; no browser is downloaded.
@@ -37,6 +37,28 @@ browser:
 	echo ">> installing Debian's chromium (the console's browser tests)"; \
 	$$sudo apt-get update -q && \
 	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+
+# The sandbox tests run on a private Docker engine (infra/sandbox_engine/) that the test session starts:
+# Debian's docker.io, bubblewrap for the local sandbox, mmdebstrap to build the image without a registry,
+# and python3-pytest + git on the host. Installed with apt where missing; `make demo` needs none of them.
+SANDBOX_TOOLS := dockerd:docker.io bwrap:bubblewrap mmdebstrap:mmdebstrap git:git
+sandbox-tools:
+	@missing=""; \
+	for pair in $(SANDBOX_TOOLS); do \
+		command -v "$${pair%%:*}" >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+	done; \
+	/usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing="$$missing python3-pytest"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "!! missing:$$missing and apt-get is not here: install them by hand for the sandbox tests" >&2; exit 1; \
+	elif [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; \
+	else \
+		echo "!! missing:$$missing; as root run: apt-get update && apt-get install -y --no-install-recommends$$missing" >&2; exit 1; \
+	fi; \
+	echo ">> installing$$missing (the sandbox tests' private Docker engine and isolation tools)"; \
+	$$sudo apt-get update -q && \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends$$missing
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
