@@ -40,8 +40,10 @@ browser:
 
 # The sandbox tests run on a private Docker engine (infra/sandbox_engine/) that the test session starts:
 # Debian's docker.io, bubblewrap for the local sandbox, mmdebstrap to build the image without a registry,
-# and python3-pytest + git on the host. Installed with apt where missing; `make demo` needs none of them.
-SANDBOX_TOOLS := dockerd:docker.io bwrap:bubblewrap mmdebstrap:mmdebstrap git:git
+# python3-pytest + git on the host, and docker-compose to check docker-compose.yml (`config`; Kafka and
+# ClickHouse images cannot be pulled here, so the at-scale stack is
+# validated, not run). Installed with apt where missing; `make demo` needs none of them.
+SANDBOX_TOOLS := dockerd:docker.io bwrap:bubblewrap mmdebstrap:mmdebstrap git:git docker-compose:docker-compose
 sandbox-tools:
 	@missing=""; \
 	for pair in $(SANDBOX_TOOLS); do \
