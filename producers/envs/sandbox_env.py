@@ -167,7 +167,7 @@ class SandboxEnv(AgentEnv):
     def _new_sandbox(self) -> Sandbox:
         """A sandbox of this env's backend: local when asked for or when "auto" finds no Docker
         engine (`limits` applies to the local backend only)."""
-        from producers.sandbox.docker import docker_unavailable_reason, make_sandbox
+        from producers.sandbox.choice import docker_unavailable_reason, make_sandbox
 
         if self.backend == "local" or (self.backend == "auto" and docker_unavailable_reason() is not None):
             from producers.sandbox.local import Limits, LocalSandbox

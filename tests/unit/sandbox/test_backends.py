@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from producers.sandbox.docker import docker_unavailable_reason, make_sandbox
+from producers.sandbox.choice import docker_unavailable_reason, make_sandbox
 from producers.sandbox.errors import SandboxError
 from producers.sandbox.local import Limits, LocalSandbox
 
