@@ -16,6 +16,7 @@ and the policy server.
         ├── EnvError                an unknown or duplicate env id, a bad task file line, a step
         │   │                       before reset() or after the episode ended (producers.envs.errors)
         │   ├── ExpressionError     an expression the safe calculator refuses (producers.envs.calc)
+        │   ├── EnvServiceError     a served env's request refused or failed (producers.envs.service)
         │   └── VerdictRefused      a sandbox verdict decided without a test result: the agent's
         │                           diff does not apply, no git (producers.envs.sandbox_verdict)
         ├── SandboxError            a sandbox that cannot be created or used (producers.sandbox)

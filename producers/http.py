@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -73,9 +74,11 @@ async def serve_app(
     url_suffix: str = "",
     header_timeout_s: float = HEADER_TIMEOUT_S,
     body_timeout_s: float = BODY_TIMEOUT_S,
+    on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Run `app` on host:port (0: any free port) until SIGTERM / SIGINT; writes "host:port" to
-    `ready_file` once listening, and lets in-flight requests finish on the way out."""
+    `ready_file` and calls `on_ready("host:port")` once listening, and lets in-flight requests finish
+    on the way out."""
     from aiohttp import web
 
     app.middlewares.insert(0, guard_middleware(body_timeout_s))
@@ -88,6 +91,8 @@ async def serve_app(
     log.info("%s listening on http://%s%s", name, address, url_suffix)
     if ready_file:
         Path(ready_file).write_text(address)
+    if on_ready is not None:
+        on_ready(address)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -21,6 +21,7 @@ from infra.commands import (
     broker,
     clickhouse,
     console,
+    env,
     evaluate,
     export,
     ingest,
@@ -31,6 +32,7 @@ from infra.commands import (
     producers,
     replay,
     rollout,
+    sandbox_engine,
     schema,
     sink,
     stack,
@@ -52,6 +54,7 @@ COMMAND_MODULES = (
     stack,
     producers,
     rollout,
+    env,
     ingest,
     worker,
     judge,
@@ -63,6 +66,7 @@ COMMAND_MODULES = (
     mcp,
     export,
     replay,
+    sandbox_engine,
 )
 
 # Client libraries that narrate every connection at INFO; they speak up at WARNING unless asked (DEBUG).
