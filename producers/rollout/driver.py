@@ -5,7 +5,9 @@ For each task of the set (an env's built-in tasks, or a JSONL file), `group_size
 (wrapped so the interaction stops at `max_turns` and every step is recorded through the SDK, with
 success decided by the env's verifier), then ask the policy for an action per turn (the env's tools
 offered as OpenAI tools), step the env with it, and give the observation back as the tool's answer.
-A reply without a tool call is the final answer: it goes to the env's terminal tool.
+A reply without a tool call is the final answer: it goes to the env's terminal tool. With `env_url`
+the env is a session of a served environment (`agentstream env serve`, `RemoteEnv`) instead of one
+made in-process; the episode, its recording and its verdict are the same.
 
 Steps are recorded once, by the SDK in the env wrapper. The policy is asked in client-records mode
 (headers `X-Agentstream-Trajectory`, `X-Agentstream-Step-Index`, `X-Agentstream-Record: client`):
@@ -32,7 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.envs.protocol import TimeStep
+from producers.envs.protocol import AgentEnv, TimeStep
+from producers.envs.service.wire import parse_env_args
 from producers.envs.tasks import Task
 from producers.envs.wrappers import MaxStepsWrapper, RecorderWrapper
 from producers.errors import ProducerError
@@ -51,6 +54,28 @@ class RolloutConfig:
     """How `agentstream rollout` samples. Documented fields are its options."""
 
     env: str = field(default="calc", metadata={"help": "environment id (agentstream envs: calc, ...)"})
+    env_url: str = field(
+        default="",
+        metadata={
+            "help": "a served environment (`agentstream env serve NAME`, e.g. http://127.0.0.1:8765) to "
+            "step instead of an in-process one",
+            "env": "AGENTSTREAM_ROLLOUT_ENV_URL",
+        },
+    )
+    env_args: str = field(
+        default="",
+        metadata={
+            "help": 'JSON object of env keyword arguments, e.g. \'{"backend": "local"}\'',
+            "env": "AGENTSTREAM_ROLLOUT_ENV_ARGS",
+        },
+    )
+    env_api_key: str = field(
+        default="",
+        metadata={
+            "help": "API key for --env-url (when it wants one)",
+            "env": "AGENTSTREAM_ROLLOUT_ENV_API_KEY",
+        },
+    )
     policy_url: str = field(
         default="http://127.0.0.1:8000/v1",
         metadata={"help": "OpenAI-compatible policy endpoint", "env": "AGENTSTREAM_ROLLOUT_POLICY_URL"},
@@ -85,6 +110,9 @@ class RolloutConfig:
 
     def __post_init__(self):
         parse_horizon(self.horizon)  # a bad schedule fails here, naming the value
+        parse_env_args(self.env_args, "--env-args")
+        if self.env_url and not self.env_url.startswith(("http://", "https://")):
+            raise ProducerError(f"--env-url: expected http(s)://host:port, got {self.env_url!r}")
         if self.max_turns < 1:
             raise ProducerError(f"--max-turns: must be >= 1, got {self.max_turns!r}")
         if self.max_staleness < 0:
@@ -93,6 +121,16 @@ class RolloutConfig:
             raise ProducerError(f"--max-ahead: must be >= 0, got {self.max_ahead!r}")
         if self.progress_poll_s <= 0:
             raise ProducerError(f"--progress-poll-s: must be > 0, got {self.progress_poll_s!r}")
+
+    def make_env(self, task: Task) -> AgentEnv:
+        """The env of one episode of `task`: a session of `env_url`, else made in-process; both with
+        `env_args`."""
+        kwargs = parse_env_args(self.env_args, "--env-args")
+        if not self.env_url:
+            return task.make_env(**kwargs)
+        from producers.envs.service.client import RemoteEnv
+
+        return RemoteEnv(self.env_url, task.env, kwargs=kwargs, api_key=self.env_api_key or None)
 
     def turn_limit(self, progress: int) -> int:
         """Turns allowed to an episode started at training step `progress`."""
@@ -142,7 +180,7 @@ def run_episode(
 ) -> EpisodeResult:
     """One episode of `task` (see the module docstring), limited to `config.turn_limit(progress)`
     turns: the step that reaches the limit is truncated and success is what the verifier sees."""
-    inner = task.make_env()
+    inner = config.make_env(task)
     terminal = sorted(inner.terminal_tools)[0]
     horizon = config.turn_limit(progress)
     metadata = {"horizon": horizon, "max_turns": config.max_turns, "training_step": progress}
