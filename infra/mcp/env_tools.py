@@ -1,9 +1,9 @@
 """Tools over the environments: `list_environments`, `sandbox_run` (the local sandbox) and `rollout`
 (episodes against a policy server, recorded through the SDK like `agentstream rollout`).
 
-`sandbox_run` always uses the local backend: a fresh private workspace per call, removed after it,
-commands under rlimits and, where the kernel allows, without network (what is enforced comes back
-as `isolation`). `rollout` calls only the policy endpoints configured for the stack: the
+`sandbox_run` always uses an isolated sandbox (`make_sandbox("auto")`: bubblewrap, else the Docker
+sandbox, else a refusal; never the host): a fresh private workspace per call, removed after it,
+commands under its limits and without network (what is enforced comes back as `isolation`). `rollout` calls only the policy endpoints configured for the stack: the
 `policy_urls` of `McpConfig` and the stack's own policy server (the address `agentstream up --policy`
 writes to `<data dir>/run/policy.ready`); any other URL (the chDB endpoint, a metadata service, a
 web site) is refused before a single request is sent. It then checks that something answers at the
@@ -67,11 +67,13 @@ def sandbox_run(
 ) -> dict[str, Any]:
     """Run `command` (a shell script string, or an argv list) in a fresh local sandbox after
     writing `files` (relative path -> text) into its workspace."""
-    from producers.sandbox.local import Limits, LocalSandbox
+    from producers.sandbox.choice import make_sandbox
+    from producers.sandbox.local import Limits
 
     if not 0 < timeout_s <= MAX_SANDBOX_TIMEOUT_S:
         raise McpToolError(f"timeout_s: must be in (0, {MAX_SANDBOX_TIMEOUT_S:g}], got {timeout_s!r}")
-    with LocalSandbox(limits=Limits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s)))) as box:
+    limits = Limits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s)))
+    with make_sandbox("auto", limits=limits) as box:  # isolated or refused: never on the host
         for path, content in (files or {}).items():
             written = box.run("file_write", {"path": path, "content": content})
             if not written.ok:
@@ -85,7 +87,7 @@ def sandbox_run(
                 "timed_out": result.timed_out,
                 "duration_ms": round(result.duration_ms, 1),
                 "isolation": box.isolation,
-                "limits": vars(box.limits),
+                "limits": vars(limits),
             }
         )
 

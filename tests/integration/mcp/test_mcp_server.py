@@ -281,7 +281,10 @@ async def check_environments(s, policy_url: str, bootstrap: str) -> None:
     assert "calc-add-small" in calc["builtin_tasks"] and calc["terminal_tools"] == ["submit"]
     ran = await call(s, "sandbox_run", {"command": "python3 main.py", "files": {"main.py": "print(6 * 7)"}})
     assert (ran["output"].strip(), ran["exit_code"], ran["timed_out"]) == ("42", 0, False)
-    assert ran["isolation"]["cpu"] is True
+    assert ran["isolation"]["filesystem"] is True and ran["isolation"]["network"] is True
+    # the isolated sandbox, never the host: the checkout (this test file) cannot be read from inside
+    peek = await call(s, "sandbox_run", {"command": ["cat", __file__]})
+    assert peek["exit_code"] != 0 and "No such file" in peek["output"], peek
     slow = await call(s, "sandbox_run", {"command": ["sleep", "5"], "timeout_s": 0.5})
     assert slow["timed_out"] is True
     episodes = await call(s, "rollout", {"policy_url": policy_url, "task_ids": ["calc-add-small"]})
