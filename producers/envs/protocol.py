@@ -23,6 +23,19 @@ from producers.envs.errors import EnvError
 
 Action = dict[str, Any]
 
+# Task fields an env keeps from the agent and from every record: the gold answer of a task (for a
+# coding task, the reference fix), used only to check the task itself.
+HIDDEN_TASK_FIELDS = frozenset({"reference_patch"})
+
+
+def shown_task(task: dict[str, Any]) -> dict[str, Any]:
+    """`task` without its hidden fields (what may be recorded or shown).
+
+    >>> shown_task({"task_id": "t", "reference_patch": "diff ..."})
+    {'task_id': 't'}
+    """
+    return {k: v for k, v in task.items() if k not in HIDDEN_TASK_FIELDS}
+
 
 @dataclass
 class TimeStep:

@@ -10,10 +10,17 @@ A task is a dict (a line of `producers/envs/tasks/sandbox.jsonl`, or a SWE-style
      "test_command": ["python3", "test_util.py"],     # argv list, or a str run by /bin/sh -c
      "setup_commands": [["python3", "-m", "compileall", "."]],   # optional
      "snapshot_dir": "/path/to/repo", "base_commit": "abc123",   # optional (SWE-style)
-     "FAIL_TO_PASS": ["t.py::test_a"], "PASS_TO_PASS": ["t.py::test_b"], "test_patch": "diff ..."}
+     "FAIL_TO_PASS": ["t.py::test_a"], "PASS_TO_PASS": ["t.py::test_b"], "test_patch": "diff ...",
+     "reference_patch": "diff ..."}                   # optional: the gold fix, never shown
+
+The built-in tasks keep the whole repository inline in `files` and its tests in `test_files`, so a
+task travels as one JSON object (docs/operations.md, "The built-in coding tasks", says how to add one).
 
 Without a `test_command`, FAIL_TO_PASS is run with pytest; with one, the command is the
-FAIL_TO_PASS check. PASS_TO_PASS ids are run with pytest and must still pass.
+FAIL_TO_PASS check. PASS_TO_PASS ids are run with pytest and must still pass. `reference_patch` is
+checked and dropped by `parse_sandbox_task` (the env never holds it, so no observation, info or
+record can show it); it serves only to check the task itself
+(tests/integration/envs/test_coding_tasks.py).
 
 `reset()` builds a fresh workspace (a copy of `snapshot_dir` checked out at `base_commit`, then
 `files`), commits it as a base git commit when git works (so the agent's `git diff` means
@@ -41,7 +48,15 @@ from typing import Any
 import orjson
 
 from producers.envs.errors import EnvError
-from producers.envs.protocol import Action, AgentEnv, TimeStep, checked_action, finish_step
+from producers.envs.protocol import (
+    HIDDEN_TASK_FIELDS,
+    Action,
+    AgentEnv,
+    TimeStep,
+    checked_action,
+    finish_step,
+    shown_task,
+)
 from producers.envs.sandbox_verdict import (
     VerdictRefused,
     agent_patch,
@@ -183,16 +198,20 @@ class SandboxEnv(AgentEnv):
 
 
 def parse_sandbox_task(task: Any) -> dict[str, Any]:
-    """A task dict with every field checked and defaulted; a bad field raises `EnvError` naming it.
+    """A task dict with every field checked and defaulted, its hidden fields (`reference_patch`)
+    left out; a bad field raises `EnvError` naming it.
 
-    >>> t = parse_sandbox_task({"files": {"a.py": "x = 1"}, "test_command": "true"})
-    >>> t["instruction"], t["test_command"], t["setup_commands"]
-    ('', 'true', [])
+    >>> t = parse_sandbox_task({"files": {"a.py": "x = 1"}, "test_command": "true", "reference_patch": "d"})
+    >>> t["instruction"], t["test_command"], t["setup_commands"], "reference_patch" in t
+    ('', 'true', [], False)
     """
     if not isinstance(task, dict):
         raise EnvError(f"sandbox task: expected an object, got {type(task).__name__}")
     where = f"sandbox task {task.get('task_id', task.get('instance_id'))!r}"
-    out = dict(task)
+    for name in HIDDEN_TASK_FIELDS:
+        if not isinstance(task.get(name, ""), str):
+            raise EnvError(f"{where}: field {name!r}: expected a string, got {task[name]!r:.200}")
+    out = shown_task(task)
     for name in ("files", "test_files"):
         out[name] = _str_map(task.get(name) or {}, f"{where}: field {name!r}")
     if not out["files"] and not out["test_files"] and not task.get("snapshot_dir"):

@@ -8,7 +8,8 @@ A file is a JSON list or JSON Lines of instances:
      "test_command": ["python3", "-m", "unittest"],  # or FAIL_TO_PASS, run with pytest
      "FAIL_TO_PASS": ["tests/test_add.py::test_negative"],  # must pass after the fix
      "PASS_TO_PASS": ["tests/test_add.py::test_positive"],  # must still pass (run with pytest)
-     "test_patch": "diff --git ..."}
+     "test_patch": "diff --git ...",
+     "patch": "diff --git ..."}                      # the gold fix: kept as `reference_patch`
 
     for task in load_swe_instances("instances.jsonl"):
         env = task.make_env(backend="local")
@@ -18,6 +19,8 @@ A file is a JSON list or JSON Lines of instances:
 SWE-bench's JSON-encoded strings; both are checked by `SandboxEnv.verify()` (see
 `producers.envs.sandbox_verdict`), each listed id reported PASSED by pytest. A bad instance
 raises `EnvError` naming the file, the line (JSON Lines) or the index (JSON list) and the field.
+SWE-bench's `patch` (the gold fix) becomes the task's `reference_patch`, which `SandboxEnv` never
+shows the agent and `RecorderWrapper` never records (`producers.envs.protocol.HIDDEN_TASK_FIELDS`).
 """
 
 from __future__ import annotations
@@ -87,12 +90,14 @@ def swe_task(row: Any, where: str, base_dir: Path = Path(".")) -> Task:
         raise EnvError(f"{where}: field 'snapshot_dir': {str(snapshot)!r} is not a directory")
     task: dict[str, Any] = {k: row[k] for k in PASSED_THROUGH if row.get(k) is not None}
     task |= {"problem_statement": row["problem_statement"], "snapshot_dir": str(snapshot.resolve())}
+    if row.get("patch") is not None:
+        task["reference_patch"] = row["patch"]
     for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
         task[name] = parse_test_ids(row.get(name), f"{where}: field {name!r}")
     task["test_command"] = _test_command(row, where)
-    for name in ("base_commit", "test_patch"):
+    for name, field in (("base_commit",) * 2, ("test_patch",) * 2, ("reference_patch", "patch")):
         if name in task and not isinstance(task[name], str):
-            raise EnvError(f"{where}: field {name!r}: expected a string, got {task[name]!r}")
+            raise EnvError(f"{where}: field {field!r}: expected a string, got {task[name]!r:.200}")
     return Task(row["instance_id"], "sandbox", task, "coding")
 
 

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from producers.envs.errors import EnvError
-from producers.envs.protocol import Action, AgentEnv, EnvWrapper, TimeStep
+from producers.envs.protocol import Action, AgentEnv, EnvWrapper, TimeStep, shown_task
 from producers.sdk.recorder import AgentRecorder, Episode
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ class RecorderWrapper(EnvWrapper):
         seed = seed if seed is not None else ts.info.get("seed")  # the env may draw its own
         metadata = {**self.metadata, "seed": seed}
         if isinstance(task, dict):
-            metadata["task"] = task
+            metadata["task"] = shown_task(task)  # never the task's gold answer
         self.episode = self.recorder.episode(
             task_id=self._task_id(task, seed),
             task=ts.observation,

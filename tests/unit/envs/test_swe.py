@@ -87,6 +87,19 @@ def test_json_list_and_fail_to_pass(tmp_path, snapshot):
     assert "-rfEsp" in task.task["test_command"] and task.task["FAIL_TO_PASS"] == ["test_calc.py::test_add"]
 
 
+def test_gold_patch_is_kept_as_reference_patch_and_never_reaches_the_env(tmp_path, snapshot):
+    _, base = snapshot
+    gold = "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n"
+    gold += " def add(a, b):\n-    return abs(a) + abs(b)\n+    return a + b\n"
+    path = tmp_path / "instances.jsonl"
+    path.write_text(json.dumps(instance(base_commit=base, patch=gold)) + "\n")
+    [task] = load_swe_instances(path)
+    assert task.task["reference_patch"] == gold and "patch" not in task.task
+    with SandboxEnv(backend="local") as env:
+        ts = env.reset(task=task.reset_task)
+        assert "reference_patch" not in env.task and "return a + b" not in ts.observation + repr(ts.info)
+
+
 def test_test_patch_is_applied_before_the_verdict(tmp_path, snapshot):
     _, base = snapshot
     patch = (
@@ -118,6 +131,7 @@ def test_test_patch_is_applied_before_the_verdict(tmp_path, snapshot):
         (instance(test_command=None), r":2: needs field 'test_command' or a non-empty 'FAIL_TO_PASS'"),
         (instance(test_command=[1]), r":2: field 'test_command'"),
         (instance(base_commit=7), r":2: field 'base_commit'"),
+        (instance(patch=["diff"]), r":2: field 'patch'"),
         (["not", "an", "object"], r":2: expected a JSON object"),
     ],
 )
