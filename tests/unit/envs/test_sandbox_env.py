@@ -3,11 +3,15 @@ claims success does not; paths outside the workspace, unknown tools and truncati
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from producers.envs import EnvError, MaxStepsWrapper, SandboxEnv, builtin_tasks, make
+from producers.envs import EnvError, MaxStepsWrapper, RecorderWrapper, SandboxEnv, builtin_tasks, make
 
-FIXED = "def last_n(items, n):\n    if n <= 0:\n        return []\n    return items[-n:]\n"
+TASK_ID = "pager-last-page-missing"  # page_count() rounds down, so the last partial page is lost
+MODULE = "pager/paginate.py"
+BUG, FIX = "max(1, total_items // per_page)", "max(1, -(-total_items // per_page))"
 
 
 @pytest.fixture
@@ -18,7 +22,12 @@ def env():
 
 @pytest.fixture
 def task():
-    return {t.task_id: t for t in builtin_tasks("sandbox")}["sandbox-last-n-off-by-one"].reset_task
+    return {t.task_id: t for t in builtin_tasks("sandbox")}[TASK_ID].reset_task
+
+
+def fixed(env):
+    """The module under test with the bug fixed (read from the workspace)."""
+    return env.sandbox.run("file_read", {"path": MODULE}).output.replace(BUG, FIX)
 
 
 def act(env, tool, **params):
@@ -27,24 +36,52 @@ def act(env, tool, **params):
 
 def test_reset_shows_instruction_files_and_a_base_commit(env, task):
     ts = env.reset(task=task)
-    assert "last_n" in ts.observation and "listutil.py" in ts.observation
-    assert ts.info["files"] == ["listutil.py", "test_listutil.py"]
+    assert "page=3" in ts.observation and MODULE in ts.observation
+    assert ts.info["files"] == sorted({*task["files"], *task["test_files"]})
     log = act(env, "git", subcommand="log", args=["--oneline"])
     assert log.info["exit_code"] == 0 and "agentstream base" in log.observation
 
 
 def test_agent_that_fixes_the_bug_passes(env, task):
     env.reset(task=task)
-    read = act(env, "file_read", path="listutil.py")
-    assert "items[-n + 1 :]" in read.observation and read.info["exit_code"] == 0
-    assert act(env, "file_write", path="listutil.py", content=FIXED).info["exit_code"] == 0
+    read = act(env, "file_read", path=MODULE)
+    assert BUG in read.observation and read.info["exit_code"] == 0
+    assert act(env, "file_write", path=MODULE, content=fixed(env)).info["exit_code"] == 0
     diff = act(env, "git", subcommand="diff", args=[])
-    assert "+    return items[-n:]" in diff.observation
+    assert f"+    return {FIX}" in diff.observation
     ts = act(env, "submit", answer="fixed the slice")
     assert ts.terminated and ts.reward == 1.0 and ts.info["tests_passed"] is True
     assert env.verify() is True
     with pytest.raises(EnvError, match="after the episode ended"):
-        act(env, "file_read", path="listutil.py")
+        act(env, "file_read", path=MODULE)
+
+
+def test_the_reference_patch_is_neither_shown_nor_recorded(task):
+    patch = task["reference_patch"]
+    assert FIX in patch
+    recorder = FakeRecorder()
+    with RecorderWrapper(SandboxEnv(backend="local"), recorder) as env:
+        ts = env.reset(task=task)
+        assert FIX not in ts.observation and FIX not in repr(ts.info)
+        assert "reference_patch" not in env.env.task
+        found = act(env, "shell", command=["grep", "-rlF", "--", BUG, "."])
+        assert found.info["exit_code"] == 0 and MODULE in found.observation
+        found = act(env, "shell", command=["grep", "-rlF", "--", FIX, "."])
+        assert found.info["exit_code"] == 1 and ".py" not in found.observation  # nowhere in the workspace
+    [started] = recorder.started
+    assert started["metadata"]["task"]["task_id"] == TASK_ID
+    assert "reference_patch" not in started["metadata"]["task"] and FIX not in repr(started)
+
+
+class FakeRecorder:
+    """Keeps what `RecorderWrapper` asks to record (no broker)."""
+
+    def __init__(self):
+        self.started = []
+
+    def episode(self, **fields):
+        self.started.append(fields)
+        return SimpleNamespace(trajectory_id="t-1", step=lambda **_: None, end=lambda **_: None)
 
 
 def test_claiming_success_without_a_fix_fails(env, task):
@@ -56,8 +93,10 @@ def test_claiming_success_without_a_fix_fails(env, task):
 
 def test_editing_the_tests_does_not_pass_verify(env, task):
     env.reset(task=task)
-    act(env, "file_write", path="test_listutil.py", content="print('ok')\n")
-    assert act(env, "shell", command=["python3", "test_listutil.py"]).info["exit_code"] == 0
+    trivial = "".join(f"def {i.split('::')[1]}():\n    pass\n\n\n" for i in task["FAIL_TO_PASS"])
+    for path in task["test_files"]:
+        act(env, "file_write", path=path, content=trivial)
+    assert act(env, "shell", command=["python3", "-m", "pytest", "-q", "tests"]).info["exit_code"] == 0
     act(env, "submit")
     assert env.verify() is False  # the task's own test file is restored before the verdict
 
@@ -74,40 +113,33 @@ def test_unknown_tool_and_bad_params_do_not_end_the_episode(env, task):
     env.reset(task=task)
     ts = act(env, "rm_rf", path=".")
     assert ts.info["exit_code"] == 1 and "unknown tool 'rm_rf'" in ts.info["error"] and not ts.done
-    ts = env.step({"tool": "file_read", "params": ["listutil.py"]})
+    ts = env.step({"tool": "file_read", "params": [MODULE]})
     assert ts.info["exit_code"] == 1 and "params" in ts.info["error"] and not ts.done
 
 
 def test_shell_failure_reports_exit_code(env, task):
     env.reset(task=task)
-    ts = act(env, "shell", command=["python3", "test_listutil.py"])
-    assert ts.info["exit_code"] != 0 and "AssertionError" in ts.observation and not ts.done
+    ts = act(env, "shell", command=["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+    assert ts.info["exit_code"] != 0 and "PageNotFound" in ts.observation and not ts.done
 
 
 def test_truncated_at_max_steps_by_the_wrapper(task):
     wrapped = MaxStepsWrapper(make("sandbox", backend="local"), 2)
     with wrapped:
         wrapped.reset(task=task)
-        assert not act(wrapped, "file_read", path="listutil.py").done
-        ts = act(wrapped, "search", pattern="def ")
-        assert ts.truncated and not ts.terminated and "listutil.py:1:" in ts.observation
+        assert not act(wrapped, "file_read", path=MODULE).done
+        ts = act(wrapped, "search", pattern="def page_count")
+        assert ts.truncated and not ts.terminated and f"{MODULE}:" in ts.observation
         assert wrapped.verify() is False
 
 
 def test_own_max_steps_and_verdict_cached_after_the_end(task):
     with SandboxEnv(backend="local", max_steps=1) as env:
         env.reset(task=task)
-        assert act(env, "file_write", path="listutil.py", content=FIXED).truncated
+        assert act(env, "file_write", path=MODULE, content=fixed(env)).truncated
         assert env.verify() is True
-        env.sandbox.run("file_write", {"path": "listutil.py", "content": "broken("})
+        env.sandbox.run("file_write", {"path": MODULE, "content": "broken("})
         assert env.verify() is True  # cached once the episode ended
-
-
-def test_every_builtin_task_fails_as_shipped():
-    with SandboxEnv(backend="local") as env:
-        for task in builtin_tasks("sandbox"):
-            env.reset(task=task.reset_task)
-            assert env.verify() is False, task.task_id
 
 
 @pytest.mark.parametrize(
