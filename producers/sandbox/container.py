@@ -187,15 +187,23 @@ class Container:
 
     def _learn_pids(self) -> None:
         """Record the host pids of docker-init and its one child (the keeper) after a start."""
-        for _ in range(100):
+        last: Exception | None = None
+        for _ in range(200):
             self.container.reload()
             init = self.container.attrs["State"]["Pid"]
-            children = [pid for pid, ppid, _stat in self._processes() if ppid == init]
+            try:
+                children = [pid for pid, ppid, _stat in self._processes() if ppid == init]
+            except Exception as exc:  # 409 "is not running": a busy engine is still starting it
+                last, children = exc, []
             if init and len(children) == 1:
                 self.allowed = {init, children[0]}
                 return
-            time.sleep(0.01)
-        raise SandboxError(f"container {self.name} did not come up with one process under its init")
+            time.sleep(0.02)
+        state = self.container.attrs.get("State", {})
+        raise SandboxError(
+            f"container {self.name} did not come up with one process under its init within 4 s "
+            f"(status {state.get('Status')!r}, exit code {state.get('ExitCode')!r}; last error: {last})"
+        )
 
     def _processes(self) -> list[tuple[int, int, str]]:
         """(host pid, host ppid, state) of every process in the container (the engine runs `ps`)."""
