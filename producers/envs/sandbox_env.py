@@ -76,14 +76,32 @@ class SandboxEnv(AgentEnv):
     domain = "coding"
     terminal_tools = frozenset({"submit"})
 
-    def __init__(self, backend: str = "auto", limits: Any = None, max_steps: int = 30):
-        """`backend`: "auto", "local" or "docker"; `limits`: a `producers.sandbox.local.Limits` for
-        the local backend (None: its defaults); `max_steps`: the episode is truncated after it."""
+    def __init__(
+        self,
+        backend: str = "auto",
+        limits: Any = None,
+        max_steps: int = 30,
+        unisolated: bool = False,
+        docker_host: str | None = None,
+        image: str | None = None,
+    ):
+        """`backend`: "auto", "local" or "docker" (`producers.sandbox.choice` says in which order
+        "auto" tries them); `limits`: a `producers.sandbox.local.Limits` for the local backend (None:
+        its defaults); `max_steps`: the episode is truncated after it; `unisolated`: let the local
+        backend run agent commands on the host when bubblewrap cannot be had (never the default);
+        `docker_host`, `image`: the Docker backend's engine and image (None: DOCKER_HOST, the
+        sandbox image)."""
         if backend not in ("auto", "local", "docker"):
             raise EnvError(f"backend: expected 'auto', 'local' or 'docker', got {backend!r}")
         if not isinstance(max_steps, int) or max_steps < 1:
             raise EnvError(f"max_steps: expected a positive integer, got {max_steps!r}")
+        if not isinstance(unisolated, bool):
+            raise EnvError(f"unisolated: expected true or false, got {unisolated!r}")
+        for name, value in (("docker_host", docker_host), ("image", image)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise EnvError(f"{name}: expected a non-empty string, got {value!r}")
         self.backend, self.limits, self.max_steps = backend, limits, max_steps
+        self.unisolated, self.docker_host, self.image = unisolated, docker_host, image
         self.sandbox: Sandbox | None = None
         self.task: dict[str, Any] | None = None
         self.steps = 0
@@ -180,15 +198,17 @@ class SandboxEnv(AgentEnv):
         return self.sandbox
 
     def _new_sandbox(self) -> Sandbox:
-        """A sandbox of this env's backend: local when asked for or when "auto" finds no Docker
-        engine (`limits` applies to the local backend only)."""
-        from producers.sandbox.choice import docker_unavailable_reason, make_sandbox
+        """A sandbox of this env's backend (`producers.sandbox.choice.make_sandbox`: isolated, or
+        refused unless `unisolated`)."""
+        from producers.sandbox.choice import make_sandbox
 
-        if self.backend == "local" or (self.backend == "auto" and docker_unavailable_reason() is not None):
-            from producers.sandbox.local import Limits, LocalSandbox
+        docker = None
+        if self.docker_host is not None or self.image is not None:
+            from producers.sandbox.docker import DockerConfig
+            from producers.sandbox.image import SANDBOX_IMAGE
 
-            return LocalSandbox(limits=self.limits or Limits())
-        return make_sandbox("docker")
+            docker = DockerConfig(image=self.image or SANDBOX_IMAGE, docker_host=self.docker_host)
+        return make_sandbox(self.backend, limits=self.limits, docker=docker, unisolated=self.unisolated)
 
     def close(self) -> None:
         """Close the sandbox (its workspace is removed)."""
