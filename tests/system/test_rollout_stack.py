@@ -1,12 +1,15 @@
 """`agentstream rollout` against the stack's policy server: groups of calc and sandbox episodes land
-in ClickHouse with their group ids, their steps and the rule rewards of those steps; `eval` of two
-policies prints rates with intervals."""
+in ClickHouse with their group ids, their steps and the rule rewards of those steps; every built-in
+coding task rolled out in the Docker sandbox lands with its verified outcome; `eval` of two policies
+prints rates with intervals."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 from pathlib import Path
+
+import pytest
 
 import producers.envs
 from infra.stack import StackConfig
@@ -38,7 +41,8 @@ def _up(tmp_path: Path, data_dir: Path, port: int) -> Proc:
     return up
 
 
-def test_rollouts_land_in_clickhouse_with_groups_and_rule_rewards_and_eval_compares(tmp_path):
+@pytest.mark.engine
+def test_rollouts_land_in_clickhouse_with_groups_and_rule_rewards_and_eval_compares(tmp_path, sandbox_engine):
     data_dir, port = tmp_path / "stack", free_port()
     up = _up(tmp_path, data_dir, port)
     try:
@@ -86,6 +90,7 @@ def test_rollouts_land_in_clickhouse_with_groups_and_rule_rewards_and_eval_compa
         # sandbox (coding): one built-in task in a group of 4, judged by running its tests
         sandbox_tasks = tmp_path / "sandbox.jsonl"
         sandbox_tasks.write_text(BUILTIN_SANDBOX.read_text().splitlines()[0] + "\n")
+        sandbox_first_task = json.loads(BUILTIN_SANDBOX.read_text().splitlines()[0])["task_id"]
         coding_args = [
             "--env",
             "sandbox",
@@ -108,6 +113,41 @@ def test_rollouts_land_in_clickhouse_with_groups_and_rule_rewards_and_eval_compa
             what="4 coding episodes",
         )
         assert coding == [(4, 1, 4)]  # one group; the untrained model fixes nothing, and the tests say so
+
+        # every built-in coding task, in the Docker sandbox, once: each lands with its verdict
+        builtin = [json.loads(line)["task_id"] for line in BUILTIN_SANDBOX.read_text().splitlines() if line]
+        docker = {
+            "backend": "docker",
+            "docker_host": sandbox_engine.docker_host,
+            "image": sandbox_engine.image,
+        }
+        docker_args = ["--env", "sandbox", "--group-size", "1", "--concurrency", "4", "--max-turns", "1"]
+        docker_args += [
+            "--env-args",
+            json.dumps(docker),
+            "--max-tokens",
+            "8",
+            "--data-dir",
+            str(tmp_path / "r3"),
+        ]
+        out = _cli("rollout", *docker_args, *common)
+        assert f"[rollout] {len(builtin)} episodes" in out, out
+        verified_sql = (
+            "SELECT task_id, count(), max(success), max(position(ifNull(task, ''), 'reference_patch')) "
+            "FROM agentstream.episodes FINAL WHERE agent = 'rollout' AND domain = 'coding' "
+            "AND success IS NOT NULL GROUP BY task_id ORDER BY task_id"
+        )
+        verified = wait_for(
+            lambda: (r := config.query(verified_sql)) and sum(row[1] for row in r) == 4 + len(builtin) and r,
+            timeout_s=120,
+            what=f"{len(builtin)} more verified coding episodes",
+        )
+        # one episode per task (the first task also has its 4 local ones); the untrained model fixes
+        # nothing and the verdict (tests run in a fresh container) says so; the gold fix never
+        # reached the recorded task
+        counts = {row[0]: row[1] for row in verified}
+        assert counts == {t: 5 if t == sandbox_first_task else 1 for t in builtin}, counts
+        assert all(row[2] == 0 and row[3] == 0 for row in verified), verified
 
         # eval of two policies (the same endpoint twice): a rate with an interval each
         second = ["--policy-url", f"http://127.0.0.1:{port}/v1"]
