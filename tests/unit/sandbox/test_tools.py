@@ -1,4 +1,5 @@
-"""The sandbox tools as an agent sees them: files, shell, search, git, submit, and refused paths."""
+"""The sandbox tools as an agent sees them: files, shell, search, git, submit, refused paths
+(symlinks and hardlinks planted by the agent included), reset, snapshot and close."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def test_write_then_read_whole_file_and_line_ranges(box):
     assert box.run("file_read", {"path": "pkg/mod.py"}).output == "a\nb\nc\nd\n"
     assert box.run("file_read", {"path": "pkg/mod.py", "start_line": 2, "end_line": 3}).output == "b\nc\n"
     assert box.run("file_read", {"path": "pkg/mod.py", "start_line": 4}).output == "d\n"
+    refused = box.run("file_read", {"path": "pkg/mod.py", "start_line": 0})
+    assert refused.exit_code == 1 and "start_line" in refused.error
 
 
 def test_write_without_create_dirs_into_a_missing_directory_fails(box):
@@ -60,7 +63,7 @@ def test_shell_str_is_one_sh_argument_and_list_args_are_not_shell_parsed(box):
     box.run("file_write", {"path": "marker", "content": ""})
     listed = box.run("shell", {"command": ["echo", "$(rm marker); `rm marker`"]})
     assert listed.output == "$(rm marker); `rm marker`\n"
-    assert (box.workspace / "marker").exists()
+    assert box.run("file_read", {"path": "marker"}).ok
 
 
 def test_shell_work_dir_is_inside_the_workspace(box):
@@ -100,23 +103,41 @@ def test_bad_parameters_are_an_error_result(box):
     assert result.exit_code == 1 and "file_read" in result.error
 
 
-@pytest.mark.parametrize("path", ["../x", "/etc/passwd", "a/../../x"])
+@pytest.mark.parametrize("path", ["../x", "/etc/passwd", "a/../../x", "/tmp/x"])
 def test_paths_outside_the_workspace_are_refused(box, path):
     for tool, params in [("file_read", {}), ("file_write", {"content": "x"}), ("search", {"pattern": "x"})]:
         result = box.run(tool, {"path": path, **params})
         assert result.exit_code == 1 and "outside the workspace" in result.error, tool
-    assert not (box.workspace.parent / "x").exists()
+    assert box.run("shell", {"command": "ls -d /x /tmp/x"}).exit_code != 0  # nothing was written
 
 
-def test_a_symlink_pointing_out_of_the_workspace_is_refused(box, tmp_path):
-    secret = tmp_path / "secret.txt"
-    secret.write_text("s3cret")
-    os.symlink(secret, box.workspace / "link")
-    os.symlink(tmp_path, box.workspace / "dirlink")
+def test_a_symlink_the_agent_plants_pointing_out_is_refused(box):
+    planted = box.run(
+        "shell", {"command": "echo s3cret > /tmp/secret && ln -s /tmp/secret link && ln -s /tmp dirlink"}
+    )
+    assert planted.ok, planted.output
     assert "outside the workspace" in box.run("file_read", {"path": "link"}).error
     assert "outside the workspace" in box.run("file_write", {"path": "dirlink/new", "content": "x"}).error
-    assert not (tmp_path / "new").exists()
+    assert "outside the workspace" in box.run("file_write", {"path": "link", "content": "x"}).error
+    assert "outside the workspace" in box.run("shell", {"command": ["ls"], "work_dir": "dirlink"}).error
     assert "s3cret" not in box.run("search", {"pattern": "s3cret"}).output
+    assert box.run("shell", {"command": "cat /tmp/secret; ls /tmp"}).output == "s3cret\nsecret\n"
+
+
+def test_a_symlink_inside_the_workspace_is_followed(box):
+    box.run("shell", {"command": "mkdir d && echo in > d/f && ln -s d/f inner && ln -s d dlink"})
+    assert box.run("file_read", {"path": "inner"}).output == "in\n"
+    assert box.run("file_write", {"path": "dlink/g", "content": "g"}).ok
+    assert box.run("file_read", {"path": "d/g"}).output == "g"
+
+
+def test_a_hardlink_to_a_file_outside_the_workspace_cannot_be_made(box):
+    """The workspace is a mount of its own: a hardlink into it from /tmp, /etc or /usr is refused
+    by the kernel, so no file outside can be reached through one."""
+    for source in ("/tmp/t", "/etc/passwd", "/usr/bin/python3"):
+        made = box.run("shell", {"command": f"touch /tmp/t; ln {source} hard"})
+        assert made.exit_code != 0 and "ln:" in made.output, (source, made.output)
+    assert box.run("shell", {"command": "ls -A"}).output == ""
 
 
 def test_output_is_truncated_with_a_marker(sandbox_python):
@@ -126,29 +147,66 @@ def test_output_is_truncated_with_a_marker(sandbox_python):
     assert len(result.output) < 200
 
 
-def test_reset_snapshot_and_close(tmp_path):
+def test_reset_from_a_host_dir_snapshot_and_close(tmp_path):
     seed = tmp_path / "seed"
-    seed.mkdir()
+    (seed / "bin").mkdir(parents=True)
     (seed / "a.txt").write_text("seed\n")
+    (seed / "bin" / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (seed / "bin" / "run.sh").chmod(0o755)
+    os.symlink("a.txt", seed / "alias")
     box = LocalSandbox()
     box.reset(seed)
-    assert box.run("file_read", {"path": "a.txt"}).output == "seed\n"
+    assert box.run("file_read", {"path": "alias"}).output == "seed\n"
+    assert box.run("shell", {"command": ["bin/run.sh"]}).output == "ran\n"  # the mode came in
     box.run("file_write", {"path": "b.txt", "content": "new"})
+    box.run("shell", {"command": "chmod 640 b.txt; ln -s /etc/passwd out; ln -s b.txt in; ln b.txt hard"})
     box.run("submit", {})
     copy = box.snapshot(tmp_path / "copy")
-    assert sorted(p.name for p in copy.iterdir()) == ["a.txt", "b.txt"]
+    assert sorted(p.name for p in copy.iterdir()) == [
+        "a.txt",
+        "alias",
+        "b.txt",
+        "bin",
+        "hard",
+        "in",
+    ]  # no `out`
+    assert (copy / "hard").read_text() == "new"
+    assert os.readlink(copy / "in") == "b.txt" and (copy / "b.txt").stat().st_mode & 0o777 == 0o640
+    assert os.access(copy / "bin" / "run.sh", os.X_OK)
     box.reset()
-    assert list(box.workspace.iterdir()) == [] and not box.submitted
+    assert box.run("shell", {"command": "ls -A"}).output == "" and not box.submitted
     box.close()
-    assert not box.workspace.exists()
-    assert box.run("shell", {"command": ["true"]}).exit_code == 1
+    closed = box.run("shell", {"command": ["true"]})
+    assert closed.exit_code == 1 and "closed" in closed.error
 
 
-def test_a_root_the_sandbox_user_cannot_traverse_is_refused_up_front(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("only root drops to uid 65534; as this user the workspace is always reachable")
-    private = tmp_path / "private"
-    private.mkdir(mode=0o700)
-    with pytest.raises(SandboxError, match="not traversable by uid 65534"):
-        LocalSandbox(root=private)
-    assert list(private.iterdir()) == []
+def test_a_snapshot_target_that_exists_is_refused(box, tmp_path):
+    with pytest.raises(SandboxError, match="already exists"):
+        box.snapshot(tmp_path)
+
+
+def test_a_reset_from_a_missing_dir_is_refused(box, tmp_path):
+    with pytest.raises(SandboxError, match="not a directory"):
+        box.reset(tmp_path / "nope")
+
+
+def test_a_big_workspace_goes_in_and_out_intact(tmp_path):
+    seed = tmp_path / "seed"
+    (seed / "many").mkdir(parents=True)
+    blob = os.urandom(20 * 1024 * 1024)
+    (seed / "blob.bin").write_bytes(blob)
+    for i in range(300):
+        (seed / "many" / f"f{i}.txt").write_text(f"{i}\n")
+    with LocalSandbox() as box:
+        box.reset(seed)
+        counted = box.run("shell", {"command": "ls many | wc -l; stat -c %s blob.bin"}).output.split()
+        assert counted == ["300", str(len(blob))]
+        copy = box.snapshot(tmp_path / "copy")
+    assert (copy / "blob.bin").read_bytes() == blob and len(list((copy / "many").iterdir())) == 300
+
+
+def test_a_fifo_the_agent_made_does_not_hang_the_file_tools(box):
+    assert box.run("shell", {"command": "mkfifo pipe && echo text > plain"}).ok
+    assert "not a regular file" in box.run("file_write", {"path": "pipe", "content": "x"}).error
+    assert "not a file" in box.run("file_read", {"path": "pipe"}).error
+    assert box.run("search", {"pattern": "text"}).output == "plain:1:text"
