@@ -7,6 +7,7 @@
         ├── SandboxEngineError    infra/sandbox_engine/errors.py: the sandbox's private engine (subtree there)
         ├── TopicAdminError       infra/commands/topics.py: `agentstream topics ...`
         ├── ReadmeError           infra/bench/readme.py: `agentstream bench readme`
+        ├── BenchFailure          infra/bench/sandbox_rollout.py: a benchmark measured a broken path
         ├── FilterError           infra/clickhouse/browse/filters.py: a malformed filter (field, value named)
         ├── ConsoleError          infra/console/: the web console's configuration or startup
         ├── ExportError           infra/export/errors.py: `agentstream export`

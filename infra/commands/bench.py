@@ -44,7 +44,8 @@ BENCHMARKS = {
     ),
     "rollout": (
         rollout,
-        "rollout episodes/s and steps/s on calc per concurrency; local sandbox tool-call overhead",
+        "calc rollouts/s per concurrency; sandbox tool-call cost (local, Docker), coding episodes/s, "
+        "engine set-up",
     ),
     "console": (
         console,
