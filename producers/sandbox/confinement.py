@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import secrets
 import signal
@@ -28,12 +29,16 @@ from pathlib import Path
 
 from producers.sandbox.errors import SandboxError
 
-__all__ = ["Cgroup", "UidLease", "lease_uid", "make_cgroup", "processes_of_uid"]
+log = logging.getLogger(__name__)
+
+__all__ = ["Cgroup", "UidLease", "lease_uid", "make_cgroup", "processes_of_uid", "sweep_stale"]
 
 UID_BASE = 1_900_000_000  # far above any login or container subuid range; below 2**31
 UID_SPAN = 200_000_000
 LEASE_DIR = Path("/run/agentstream-sandbox")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_PREFIX = "agentstream-sandbox-"  # + the leased uid: one cgroup per sandbox and controller
+CONTROLLERS = ("pids", "memory")
 
 
 @dataclass
@@ -53,8 +58,10 @@ class UidLease:
 
 
 def lease_uid(lease_dir: Path = LEASE_DIR) -> UidLease:
-    """A uid no live process has and no other sandbox holds (a random pick, locked with flock)."""
+    """A uid no live process has and no other sandbox holds (a random pick, locked with flock);
+    what sandboxes of a killed host process left behind is swept first (`sweep_stale`)."""
     lease_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    sweep_stale(lease_dir)
     for _ in range(64):
         uid = UID_BASE + secrets.randbelow(UID_SPAN)
         path = lease_dir / f"{uid}.lock"
@@ -68,6 +75,47 @@ def lease_uid(lease_dir: Path = LEASE_DIR) -> UidLease:
             return UidLease(uid, fd, path)
         os.close(fd)
     raise SandboxError(f"no free sandbox uid in [{UID_BASE}, {UID_BASE + UID_SPAN}) after 64 tries")
+
+
+def sweep_stale(lease_dir: Path = LEASE_DIR) -> list[int]:
+    """Remove what the sandboxes of a host process killed with SIGKILL left: for every lease file no
+    live sandbox holds (its flock is free), the uid's processes, its cgroups and the file. Returns
+    the uids swept. A live sandbox holds its lock from lease to close, so it is never touched."""
+    swept = []
+    for path in sorted(lease_dir.glob("*.lock")):
+        if not path.stem.isdigit() or not UID_BASE <= int(path.stem) < UID_BASE + UID_SPAN:
+            continue
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue  # removed meanwhile
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # a live sandbox
+        try:
+            uid = int(path.stem)
+            kill_uid(uid)
+            Cgroup(_cgroup_dirs(f"{CGROUP_PREFIX}{uid}")).remove()
+            with contextlib.suppress(OSError):
+                path.unlink()
+            swept.append(uid)
+        finally:
+            os.close(fd)
+    if swept:
+        log.info("sandbox: swept what %d killed sandbox(es) left behind (uids %s)", len(swept), swept)
+    return swept
+
+
+def _cgroup_dirs(name: str) -> list[Path]:
+    """The existing directories of cgroup `name` under this process's own v1 cgroups."""
+    found = []
+    for controller in CONTROLLERS:
+        parent = _own_cgroup(controller)
+        if parent is not None and (parent / name).is_dir():
+            found.append(parent / name)
+    return found
 
 
 def processes_of_uid(uid: int) -> list[int]:

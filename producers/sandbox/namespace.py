@@ -125,7 +125,7 @@ def _launch(spec: BoundarySpec, bwrap: str | None, unisolated_reason: str | None
     lease = confinement.lease_uid() if os.geteuid() == 0 else None
     cgroup, cgroup_reason = (None, "the host process is not root: no per-sandbox cgroup")
     if lease is not None:
-        name = f"agentstream-sandbox-{lease.uid}"
+        name = f"{confinement.CGROUP_PREFIX}{lease.uid}"
         cgroup, cgroup_reason = confinement.make_cgroup(name, lease.uid, spec.pids_max, spec.memory_bytes)
     data_fds: list[int] = []
     base = None

@@ -13,6 +13,7 @@ from producers.sandbox.docker import DockerConfig
 from producers.sandbox.errors import SandboxError
 from producers.sandbox.local import Limits, LocalSandbox
 
+LOGGER = "producers.sandbox.choice"
 NO_ENGINE = DockerConfig(docker_host="unix:///nonexistent/agentstream-test-docker.sock", api_timeout_s=2)
 
 
@@ -39,10 +40,9 @@ def test_local_backend_is_a_local_sandbox_with_the_given_limits():
 
 
 def test_auto_takes_the_isolated_local_sandbox_first_and_says_so(caplog):
-    with caplog.at_level(logging.INFO, logger="producers.sandbox.choice"):
-        with make_sandbox("auto", docker=NO_ENGINE) as box:
-            assert isinstance(box, LocalSandbox)
-            assert box.isolation["backend"] == "local" and box.isolation["filesystem"] is True
+    with caplog.at_level(logging.INFO, logger=LOGGER), make_sandbox("auto", docker=NO_ENGINE) as box:
+        assert isinstance(box, LocalSandbox)
+        assert box.isolation["backend"] == "local" and box.isolation["filesystem"] is True
     said = [r.getMessage() for r in caplog.records]
     assert any("auto -> local" in m and "filesystem isolated" in m for m in said), said
 
@@ -53,9 +53,8 @@ def test_auto_takes_docker_when_the_local_sandbox_cannot_isolate(monkeypatch, sa
 
     _without_bubblewrap(monkeypatch)
     config = DockerConfig(docker_host=sandbox_engine.docker_host, image=sandbox_engine.image)
-    with caplog.at_level(logging.INFO, logger="producers.sandbox.choice"):
-        with make_sandbox("auto", docker=config) as box:
-            assert isinstance(box, DockerSandbox) and box.isolation["backend"] == "docker"
+    with caplog.at_level(logging.INFO, logger=LOGGER), make_sandbox("auto", docker=config) as box:
+        assert isinstance(box, DockerSandbox) and box.isolation["backend"] == "docker"
     assert any("auto -> docker" in r.getMessage() for r in caplog.records)
 
 
@@ -70,16 +69,18 @@ def test_auto_refuses_when_nothing_isolates_and_names_each_reason(monkeypatch):
 
 def test_auto_runs_unisolated_only_when_asked_and_warns_what_is_missing(monkeypatch, caplog):
     _without_bubblewrap(monkeypatch)
-    with caplog.at_level(logging.INFO, logger="producers.sandbox.choice"):
-        with make_sandbox("auto", docker=NO_ENGINE, unisolated=True) as box:
-            assert box.isolation["filesystem"] is False and box.isolation["missing"]
-            assert box.run("shell", {"command": ["echo", "hi"]}).output == "hi\n"
+    with (
+        caplog.at_level(logging.INFO, logger=LOGGER),
+        make_sandbox("auto", docker=NO_ENGINE, unisolated=True) as box,
+    ):
+        assert box.isolation["filesystem"] is False and box.isolation["missing"]
+        assert box.run("shell", {"command": ["echo", "hi"]}).output == "hi\n"
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "unisolated" in r.getMessage()]
     assert warned and "filesystem NOT isolated" in warned[0].getMessage()
 
 
 def test_docker_backend_without_an_engine_says_why():
-    with pytest.raises(SandboxError, match="(?i)docker|engine"):
+    with pytest.raises(SandboxError, match=r"(?i)docker|engine"):
         make_sandbox("docker", docker=NO_ENGINE)
 
 

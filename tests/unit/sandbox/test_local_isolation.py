@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from producers.sandbox import confinement
 from producers.sandbox.bubblewrap import NamespacePlan, namespace_argv
 from producers.sandbox.confinement import processes_of_uid
 from producers.sandbox.errors import SandboxError
@@ -172,11 +173,13 @@ def test_when_the_host_process_dies_its_sandbox_dies_with_it():
         "from producers.sandbox.local import LocalSandbox\n"
         "box = LocalSandbox()\n"
         "box.run('shell', {'command': 'echo x > /tmp/x'})\n"
-        "print(box._boundary.proc.pid, flush=True)\n"
+        "lease = box._boundary.lease\n"
+        "print(box._boundary.proc.pid, lease.uid if lease else '', flush=True)\n"
         "box.run('shell', {'command': 'sleep 600'})\n"
     )
     host = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    bwrap = int(host.stdout.readline())
+    bwrap, _, uid = host.stdout.readline().strip().partition(" ")
+    bwrap = int(bwrap)
     time.sleep(0.3)  # the sleep is running inside
     host.kill()
     host.wait()
@@ -184,3 +187,9 @@ def test_when_the_host_process_dies_its_sandbox_dies_with_it():
     while Path(f"/proc/{bwrap}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{bwrap}").exists() or Path(f"/proc/{bwrap}/stat").read_text().split()[2] == "Z"
+    if os.geteuid() == 0:  # its uid lease and cgroups are left behind, and the next sandbox sweeps them
+        lease, cgroup = confinement.LEASE_DIR / f"{uid}.lock", f"{confinement.CGROUP_PREFIX}{uid}"
+        assert lease.exists() and confinement._cgroup_dirs(cgroup), "nothing left to sweep: proves nothing"
+        with LocalSandbox():
+            pass
+        assert not lease.exists() and confinement._cgroup_dirs(cgroup) == []
