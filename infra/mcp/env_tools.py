@@ -1,14 +1,16 @@
-"""Tools over the environments: `list_environments`, `sandbox_run` (the local sandbox) and `rollout`
+"""Tools over the environments: `list_environments`, `sandbox_run` (an isolated sandbox) and `rollout`
 (episodes against a policy server, recorded through the SDK like `agentstream rollout`).
 
 `sandbox_run` always uses an isolated sandbox (`make_sandbox("auto")`: bubblewrap, else the Docker
 sandbox, else a refusal; never the host): a fresh private workspace per call, removed after it,
-commands under its limits and without network (what is enforced comes back as `isolation`). `rollout` calls only the policy endpoints configured for the stack: the
-`policy_urls` of `McpConfig` and the stack's own policy server (the address `agentstream up --policy`
-writes to `<data dir>/run/policy.ready`); any other URL (the chDB endpoint, a metadata service, a
-web site) is refused before a single request is sent. It then checks that something answers at the
-policy URL (not following redirects), so a missing policy server is one clear error rather than a
-client's retry loop.
+commands under its limits and without network (what is enforced comes back as `isolation`).
+
+`rollout` calls only the policy endpoints configured for the stack: the `policy_urls` of
+`McpConfig` and the stack's own policy server (the address `agentstream up --policy` writes to
+`<data dir>/run/policy.ready`); any other URL (the chDB endpoint, a metadata service, a web site)
+is refused before a single request is sent. It then checks that something answers at the policy URL
+(not following redirects), so a missing policy server is one clear error rather than a client's
+retry loop.
 """
 
 from __future__ import annotations
