@@ -7,8 +7,8 @@
 2. `docker`: `DockerSandbox` in a hardened container, when an engine answers and holds the sandbox
    image (`agentstream sandbox-engine up` starts a private one and builds the image).
 3. Nothing: a `SandboxError` that names why each backend could not be had. Agent commands never
-   run without isolation unless the caller says so with `unisolated=True`
-   (`--sandbox-unisolated`); then the local backend runs them on the host and logs, at WARNING,
+   run without isolation unless the caller says so with `unisolated=True` (for the `sandbox` env:
+   `--env-args '{"unisolated": true}'`); then the local backend runs them on the host and logs, at WARNING,
    each isolation that is missing.
 
 The choice is logged once per process and backend at INFO (with the isolation the sandbox has);
@@ -74,7 +74,7 @@ def make_sandbox(
         + "; ".join(reasons)
         + ". Install bubblewrap (apt-get install bubblewrap), or start the private Docker engine "
         "(agentstream sandbox-engine up), or accept running agent commands on the host with "
-        "--sandbox-unisolated (unisolated=True)"
+        "unisolated=True (for the sandbox env: --env-args '{\"unisolated\": true}')"
     )
 
 

@@ -33,7 +33,8 @@ START_TIMEOUT_S = 20.0
 INSIDE_SOURCE = Path(inside.__file__).read_text(encoding="utf-8")
 INSIDE = ["-I", "-S", "-c", INSIDE_SOURCE]  # after the python: isolated mode, no site, the program
 UNISOLATED_HINT = (
-    "or pass unisolated=True (--sandbox-unisolated) to run agent commands with NO filesystem isolation"
+    "or pass unisolated=True (sandbox env: --env-args '{\"unisolated\": true}') to run agent commands "
+    "with NO filesystem isolation"
 )
 
 

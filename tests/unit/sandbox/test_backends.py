@@ -64,7 +64,7 @@ def test_auto_refuses_when_nothing_isolates_and_names_each_reason(monkeypatch):
         make_sandbox("auto", docker=NO_ENGINE)
     message = str(info.value)
     assert "local: bubblewrap is not installed" in message and "docker: " in message
-    assert "--sandbox-unisolated" in message and "sandbox-engine up" in message
+    assert "unisolated=True" in message and "sandbox-engine up" in message
 
 
 def test_auto_runs_unisolated_only_when_asked_and_warns_what_is_missing(monkeypatch, caplog):
