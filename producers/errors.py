@@ -20,6 +20,11 @@ and the policy server.
         │   └── VerdictRefused      a sandbox verdict decided without a test result: the agent's
         │                           diff does not apply, no git (producers.envs.sandbox_verdict)
         ├── SandboxError            a sandbox that cannot be created or used (producers.sandbox)
+        │   ├── ChannelError        the local sandbox's program broke the wire protocol, went away or
+        │   │                       missed its deadline (producers.sandbox.channel)
+        │   ├── _NoAnswer           ... and the call is answered as timed out (producers.sandbox.local)
+        │   ├── _NoNamespace        bwrap started but its program never answered (sandbox.namespace)
+        │   └── _Expired            an exec's host-side deadline passed (sandbox.container_exec)
         ├── ReplayError             a trajectory that cannot be replayed (producers.rollout.replay)
         ├── EngineError             the policy server cannot load a base model or an adapter
         │                           (producers.policy.engine)

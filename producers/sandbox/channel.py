@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from producers.sandbox.errors import SandboxError
 from producers.sandbox.inside import CHUNK, FRAME
 
 __all__ = ["Channel", "ChannelError", "extract_snapshot", "send_tree"]
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 MAX_HEADER = 1 << 20
 
 
-class ChannelError(Exception):
+class ChannelError(SandboxError):
     """The program inside broke the protocol, went away, or missed the deadline (`timed_out`)."""
 
     def __init__(self, message: str, timed_out: bool = False):

@@ -173,8 +173,8 @@ def _receive(raw: Any, frames: _Frames, deadline: float) -> bool:
         return True  # the engine dropped the attachment (the container died): the exit code says how
 
 
-class _Expired(Exception):
-    pass
+class _Expired(SandboxError):
+    """The host-side deadline of one exec passed (never leaves this module)."""
 
 
 def _left(deadline: float) -> float:

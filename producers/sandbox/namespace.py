@@ -117,7 +117,7 @@ def start_boundary(spec: BoundarySpec, unisolated: bool, bwrap: str) -> Boundary
     return _launch(spec, None, reason)
 
 
-class _NoNamespace(Exception):
+class _NoNamespace(SandboxError):
     """bwrap started but its program never answered (no user namespaces, a seccomp policy...)."""
 
 

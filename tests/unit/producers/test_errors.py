@@ -12,10 +12,16 @@ from producers import errors
 from producers.errors import ProducerError
 from schemas.errors import AgentstreamError
 
+# Runs inside the sandbox's namespace with the standard library only (it never imports the project),
+# so its own two exceptions cannot derive from ProducerError; they never leave that program.
+STDLIB_ONLY = {"producers.sandbox.inside"}
+
 
 def _producer_exceptions() -> dict[str, type]:
     found = {}
     for info in pkgutil.walk_packages(producers.__path__, "producers."):
+        if info.name in STDLIB_ONLY:
+            continue
         module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
             if (
