@@ -4,9 +4,10 @@ It owns the view of the host a sandboxed command gets: `/usr` and the merged-usr
 `/lib`, ...) read-only, a curated `/etc` (the loader cache, `alternatives`, Python's Debian config,
 and `passwd`/`group`/`hosts`/`nsswitch.conf` written here, never the host's own files), a private
 `/proc` and `/dev`, size-capped tmpfs mounts at `/workspace`, `/tmp` and `/dev/shm`, and new user,
-pid, ipc, uts, cgroup and (unless asked) network namespaces. The root and `/dev` are remounted
-read-only, so nothing but the three capped mounts can be written. Nothing else of the host is
-mounted: not `/root`, `/home`, `/var`, `/run`, the host's `/tmp`, the checkout or the data dir.
+pid, ipc, uts, cgroup and (unless asked) network namespaces, and no new user namespace inside. The
+root and `/dev` are remounted read-only, so nothing but the three capped mounts can be written.
+Nothing else of the host is mounted: not `/root`, `/home`, `/var`, `/run`, the host's `/tmp`, the
+checkout or the data dir.
 
 Pure: it builds argv lists and file contents from plain values; it starts nothing (`local` does).
 """
@@ -56,6 +57,9 @@ def namespace_argv(plan: NamespacePlan) -> list[str]:
     (False, ['--size', '10', '--tmpfs'])
     """
     argv = [plan.bwrap, "--unshare-all", "--new-session", "--as-pid-1", "--cap-drop", "ALL"]
+    # a user namespace always (--unshare-all only tries), and none inside it: `unshare -r` would make
+    # the agent root of a namespace of its own, opening much more of the kernel to it
+    argv += ["--unshare-user", "--disable-userns"]
     if plan.network:
         argv.append("--share-net")
     argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", HOSTNAME]

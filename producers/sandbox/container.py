@@ -9,9 +9,11 @@ restart (after a timeout, or to end processes a command left behind) would empty
 with it the worker can be killed and restarted and the files stay. The host never sees a path of
 the workspace: every file goes in and out through exec inside the container.
 
-The worker runs `sleep infinity` (the "keeper") under docker-init (tini) as PID 1, as uid 65534,
-with no network, every capability dropped, no-new-privileges, a read-only root, a size-capped
-/tmp and /dev/shm, memory (no swap), pids and CPU limits.
+The worker runs `sleep infinity` (the "keeper") under docker-init (tini) as PID 1, as uid 65533
+(`KEEPER_USER`), a uid no command runs as: the agent's commands (uid 65534) can neither ptrace,
+signal nor read the memory of PID 1 and the keeper, so they cannot be taken over to run something
+that outlives every call. No network, every capability dropped, no-new-privileges, a read-only
+root, a size-capped /tmp and /dev/shm, memory (no swap), pids and CPU limits.
 
 It must not know the tools: `docker.py` says what runs; this module only runs it and cleans up.
 """
@@ -27,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from producers.sandbox.errors import SandboxError
+
+KEEPER_USER = "65533:65533"  # init, keeper and holder: never the uid the tools run as
 
 __all__ = ["ENGINE_HELP", "LABEL", "Container", "connect", "engine_gaps"]
 
@@ -158,7 +162,7 @@ class Container:
             "network_mode": "none",
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
-            "user": cfg.user,
+            "user": KEEPER_USER,
             "read_only": True,
             "labels": LABEL,
             # no_copy: the engine would otherwise give the empty volume the owner of the image's

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from producers.sandbox.base import Sandbox, ToolResult, git_argv, shell_argv, truncate
-from producers.sandbox.container import Container, connect, engine_gaps
+from producers.sandbox.container import KEEPER_USER, Container, connect, engine_gaps
 from producers.sandbox.container_exec import Combined, ExecOutcome, Split, run_exec
 from producers.sandbox.container_programs import REFUSAL_PREFIX, REFUSALS, SEARCH_PY, WRAPPER
 from producers.sandbox.errors import SandboxError
@@ -111,6 +111,11 @@ class DockerConfig:
                 raise SandboxError(f"DockerConfig.{name} must be a positive number, got {value!r}")
         if not isinstance(self.user, str) or not USER.match(self.user):
             raise SandboxError(f"DockerConfig.user must be 'uid:gid' with neither 0, got {self.user!r}")
+        if self.user.split(":")[0] == KEEPER_USER.split(":")[0]:
+            raise SandboxError(
+                f"DockerConfig.user must not be the keeper's uid {KEEPER_USER!r} (commands could then "
+                f"take over the container's init), got {self.user!r}"
+            )
 
     @property
     def uid(self) -> int:
