@@ -2,8 +2,9 @@
 its 95% Wilson interval and, for two endpoints, the leaderboard's significance test (Welch's t-test
 over the 0/1 outcomes, `infra.clickhouse.analytics.welch_p`).
 
-`agentstream replay-trajectory`: re-run a recorded trajectory's tool calls in a fresh local
-sandbox (producers/rollout/replay.py) and report the first step whose output differs.
+`agentstream replay-trajectory`: re-run a recorded trajectory's tool calls in a fresh isolated
+sandbox (`--sandbox-backend`, `auto` by default: producers/sandbox/choice.py; producers/rollout/
+replay.py) and report the first step whose output differs.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def register(sub) -> None:
     )
     add_option(replay, "--file", default="", help="trajectory file: steps JSON or any ingestible log")
     add_option(replay, "--trajectory-id", default="", help="a trajectory recorded in ClickHouse")
+    add_option(
+        replay,
+        "--sandbox-backend",
+        default="auto",
+        choices=["auto", "local", "docker"],
+        help="where the tool calls re-run: auto takes bubblewrap, then Docker, else refuses",
+    )
 
 
 # --- eval -------------------------------------------------------------------------------------------
@@ -123,12 +131,12 @@ def _recorder(args, model: str):
 
 def run_replay(args) -> int:
     from producers.rollout.replay import load_steps, replay
-    from producers.sandbox.local import LocalSandbox
+    from producers.sandbox.choice import make_sandbox
 
     if bool(args.file) == bool(args.trajectory_id):
         raise EvalError("replay-trajectory: give exactly one of --file and --trajectory-id")
     steps = load_steps(Path(args.file)) if args.file else _stored_steps(args)
-    with LocalSandbox() as box:
+    with make_sandbox(args.sandbox_backend) as box:
         report = replay(steps, box)
     output.say(json.dumps(report.as_dict(), indent=2, default=str))
     return 0 if report.success else 1

@@ -75,6 +75,7 @@ class SandboxEnv(AgentEnv):
 
     domain = "coding"
     terminal_tools = frozenset({"submit"})
+    operator_kwargs = frozenset({"backend", "limits", "unisolated", "docker_host", "image"})
 
     def __init__(
         self,
@@ -100,6 +101,12 @@ class SandboxEnv(AgentEnv):
         for name, value in (("docker_host", docker_host), ("image", image)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise EnvError(f"{name}: expected a non-empty string, got {value!r}")
+        if backend == "docker" and limits is not None:
+            raise EnvError("limits: the local backend's Limits do not apply to backend 'docker'")
+        if backend == "local" and (docker_host is not None or image is not None):
+            raise EnvError(
+                f"docker_host, image: do not apply to backend 'local', got {docker_host!r}, {image!r}"
+            )
         self.backend, self.limits, self.max_steps = backend, limits, max_steps
         self.unisolated, self.docker_host, self.image = unisolated, docker_host, image
         self.sandbox: Sandbox | None = None
@@ -195,6 +202,8 @@ class SandboxEnv(AgentEnv):
         """The agent's sandbox, created on the first reset."""
         if self.sandbox is None:
             self.sandbox = self._new_sandbox()
+            # "auto" decided once: the verdict's fresh sandbox runs on the backend the agent had
+            self.backend = self.sandbox.isolation.get("backend", self.backend)
         return self.sandbox
 
     def _new_sandbox(self) -> Sandbox:

@@ -24,25 +24,12 @@ from typing import Any
 from producers.sandbox.base import Sandbox
 from producers.sandbox.errors import SandboxError
 
-__all__ = ["BACKENDS", "describe_isolation", "docker_unavailable_reason", "make_sandbox"]
+__all__ = ["BACKENDS", "describe_isolation", "make_sandbox"]
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "local", "docker")
 _announced: set[str] = set()
-
-
-def docker_unavailable_reason(ping_timeout_s: float = 2.0) -> str | None:
-    """None when a Docker engine answers a ping within the timeout, else why not."""
-    try:
-        import docker
-    except ImportError:
-        return "the `docker` package is not installed (pip install 'agentstream[dev]')"
-    try:
-        docker.from_env(timeout=ping_timeout_s).ping()
-    except Exception as exc:  # the SDK raises many kinds for "no engine": report, do not crash
-        return f"no Docker engine reachable: {type(exc).__name__}: {exc}"
-    return None
 
 
 def make_sandbox(

@@ -169,3 +169,20 @@ def test_registered_env_draws_a_builtin_task_from_the_seed():
         assert a.observation == b.observation and a.info["task_id"] in {
             t.task_id for t in builtin_tasks("sandbox")
         }
+
+
+def test_options_that_do_not_apply_to_the_backend_are_refused_not_dropped():
+    from producers.sandbox.local import Limits
+
+    with pytest.raises(EnvError, match="limits: .*backend 'docker'"):
+        SandboxEnv(backend="docker", limits=Limits())
+    with pytest.raises(EnvError, match="docker_host, image: .*backend 'local'"):
+        SandboxEnv(backend="local", docker_host="unix:///nonexistent/docker.sock")
+    with pytest.raises(EnvError, match="unisolated: expected true or false"):
+        SandboxEnv(unisolated="yes")
+
+
+def test_auto_is_decided_once_so_the_verdict_runs_on_the_agents_backend(task):
+    with SandboxEnv(backend="auto") as env:
+        env.reset(task=task)
+        assert env.backend == env.sandbox.isolation["backend"] == "local"  # bubblewrap comes first
