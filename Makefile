@@ -42,7 +42,9 @@ browser:
 # Debian's docker.io, bubblewrap for the local sandbox, mmdebstrap to build the image without a registry,
 # python3-pytest + git on the host, and docker-compose to check docker-compose.yml (`config`; Kafka and
 # ClickHouse images cannot be pulled here, so the at-scale stack is
-# validated, not run). Installed with apt where missing; `make demo` needs none of them.
+# validated, not run). Installed with apt where missing; `make demo` needs none of them. While apt runs,
+# a policy-rc.d that refuses service starts keeps a host with systemd from starting the stock dockerd
+# (which would add the docker0 bridge, NAT rules and ip_forward); only the private engine ever runs.
 SANDBOX_TOOLS := dockerd:docker.io bwrap:bubblewrap mmdebstrap:mmdebstrap git:git docker-compose:docker-compose
 sandbox-tools:
 	@missing=""; \
@@ -59,8 +61,16 @@ sandbox-tools:
 		echo "!! missing:$$missing; as root run: apt-get update && apt-get install -y --no-install-recommends$$missing" >&2; exit 1; \
 	fi; \
 	echo ">> installing$$missing (the sandbox tests' private Docker engine and isolation tools)"; \
+	guard=""; \
+	if [ ! -e /usr/sbin/policy-rc.d ]; then \
+		guard=/usr/sbin/policy-rc.d; \
+		printf '#!/bin/sh\nexit 101\n' | $$sudo tee $$guard >/dev/null && $$sudo chmod 755 $$guard; \
+	fi; \
 	$$sudo apt-get update -q && \
-	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends$$missing
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends$$missing; \
+	rc=$$?; \
+	if [ -n "$$guard" ]; then $$sudo rm -f $$guard; fi; \
+	exit $$rc
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
