@@ -67,8 +67,8 @@ def sandbox_run(
     files: dict[str, str] | None = None,
     timeout_s: float = 10.0,
 ) -> dict[str, Any]:
-    """Run `command` (a shell script string, or an argv list) in a fresh local sandbox after
-    writing `files` (relative path -> text) into its workspace."""
+    """Run `command` (a shell script string, or an argv list) in a fresh isolated sandbox
+    (`make_sandbox("auto")`) after writing `files` (relative path -> text) into its workspace."""
     from producers.sandbox.choice import make_sandbox
     from producers.sandbox.local import Limits
 

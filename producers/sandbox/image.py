@@ -1,6 +1,6 @@
 """The Docker sandbox's image: what it is built from and the name it is known by.
 
-The image is built without a registry, from Debian packages (see `infra/sandbox_engine.py`, which
+The image is built without a registry, from Debian packages (see `infra/sandbox_engine/`, which
 builds it with `mmdebstrap` and `docker import`). Its tag is derived from the recipe, so a change to
 the packages gives a new tag and an engine that holds the old image builds the new one once.
 """
