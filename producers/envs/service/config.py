@@ -4,7 +4,10 @@ reset may name (`TaskGate`).
 
 Keyword arguments given with `--env-args` are the operator's: fixed for every session, never
 overridden by a client (serve `sandbox` with `{"backend": "docker"}` and no client gets another
-backend). A client may set the factory's other parameters.
+backend). Some an env declares the operator's alone (`operator_kwargs` on its class: a sandbox's
+backend, limits, `unisolated`, Docker engine and image), so a client can neither switch isolation
+off nor aim the server at another engine, whether or not the operator set them. A client may set the
+factory's other parameters.
 
 Tasks: a reset's task comes from the client, and some envs act on what a task names on the host
 (a sandbox task's `snapshot_dir` is copied into the workspace). So by default an env that ships
@@ -15,6 +18,7 @@ task (the env draws one from the seed); `--tasks FILE` serves the tasks of a fil
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +113,28 @@ def factory_parameters(spec: EnvSpec) -> set[str] | None:
     return names
 
 
+def operator_kwargs(spec: EnvSpec) -> frozenset[str]:
+    """The keyword arguments of `spec`'s env that only the operator sets (`--env-args`): the
+    `operator_kwargs` its factory declares (a class attribute; a `functools.partial` is looked
+    through), none when it declares none. A declaration that is not a set of parameter names of the
+    factory is refused (EnvError naming it): a misspelt name would protect nothing."""
+    factory = spec.factory
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    declared = getattr(factory, "operator_kwargs", frozenset())
+    if not isinstance(declared, frozenset | set) or not all(isinstance(n, str) for n in declared):
+        raise EnvError(
+            f"{spec.id!r}: operator_kwargs must be a frozenset of parameter names, got {declared!r}"
+        )
+    known = factory_parameters(spec)
+    if known is not None and not declared <= known:
+        raise EnvError(
+            f"{spec.id!r}: operator_kwargs names {sorted(declared - known)}, which its factory does not "
+            f"take (it takes {sorted(known)})"
+        )
+    return frozenset(declared)
+
+
 def check_fixed_kwargs(spec: EnvSpec, fixed: dict[str, Any]) -> None:
     """The operator's `--env-args` must all be parameters of the env's factory, with values it takes:
     one env is made from them (and closed) before serving, so a bad value fails the command rather
@@ -127,10 +153,19 @@ def check_fixed_kwargs(spec: EnvSpec, fixed: dict[str, Any]) -> None:
 
 def session_kwargs(spec: EnvSpec, fixed: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments a session's env is made with: the operator's `fixed` ones and what the
-    client `asked` for, which may name neither a fixed one nor one the factory does not take (400)."""
-    known = factory_parameters(spec)
+    client `asked` for, which may name none of the operator's own (`operator_kwargs`, 400
+    `operator_kwarg`), no fixed one (400 `fixed_kwarg`) and none the factory does not take (400)."""
+    known, operator = factory_parameters(spec), operator_kwargs(spec)
     for name, value in asked.items():
         field = f"kwargs.{name}"
+        if name in operator:
+            example = f"--env-args '{{\"{name}\": ...}}'"
+            raise EnvServiceError(
+                400, "operator_kwarg",
+                f"{field}: only the server's operator sets it (`agentstream env serve {spec.id} "
+                f"{example}`), not a client; got {preview(value)!r}",
+                field, preview(value),
+            )  # fmt: skip
         if name in fixed:
             raise EnvServiceError(
                 400, "fixed_kwarg", f"{field}: fixed by the server (--env-args), got {preview(value)!r}",

@@ -13,6 +13,9 @@ Every env call runs in a worker thread, one request at a time per session (409 w
 as many threads as sessions, so one slow step never holds up another session. Idle sessions
 (`--idle-timeout-s`) and, at shutdown, all sessions are closed with their envs.
 
+A client's `kwargs` may not name what the env leaves to the operator (`operator_kwargs`: a sandbox's
+backend, limits, isolation, Docker engine and image; 400 `operator_kwarg`) or what `--env-args` fixed.
+
 What a web page or a stranger can send is refused as the policy server refuses it: 415 for a POST
 that is not `application/json`, 421 for a Host that is not this server's, 401 without a configured
 key, 413 over the size limit; binds 127.0.0.1 by default and will not start on another address
@@ -31,7 +34,13 @@ import orjson
 
 from producers.envs.errors import EnvError, EnvServiceError
 from producers.envs.registry import spec as env_spec
-from producers.envs.service.config import EnvServiceConfig, TaskGate, check_fixed_kwargs, session_kwargs
+from producers.envs.service.config import (
+    EnvServiceConfig,
+    TaskGate,
+    check_fixed_kwargs,
+    operator_kwargs,
+    session_kwargs,
+)
 from producers.envs.service.sessions import Session, SessionTable, busy
 from producers.envs.service.wire import (
     API,
@@ -63,6 +72,7 @@ def create_app(name: str, config: EnvServiceConfig):
 
         raise EnvError(f"env {name!r}: not a registered environment; registered: {list_envs()}")
     fixed = config.fixed_kwargs
+    operator_kwargs(spec)  # a declaration naming no parameter fails here, before serving
     check_fixed_kwargs(spec, fixed)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_middleware()])
     app["config"], app["spec"], app["fixed"], app["gate"] = config, spec, fixed, TaskGate(name, config.tasks)

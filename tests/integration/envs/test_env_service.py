@@ -82,23 +82,32 @@ def probe():
 
 
 @contextmanager
-def served_in_thread(name: str, **options):
-    """The server's app on 127.0.0.1 (a free port) in a thread of its own, cleaned up after."""
+def app_in_thread(name: str, **options):
+    """The server's app on 127.0.0.1 (a free port) in a thread of its own, cleaned up after: yields
+    (its URL, the app, whose `sessions` table holds the server-side envs)."""
     from aiohttp import web
 
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(create_app(name, EnvServiceConfig(**options)))
+    app = create_app(name, EnvServiceConfig(**options))
+    runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
     thread = threading.Thread(target=loop.run_forever, name="env-server", daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}", app
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(60)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+@contextmanager
+def served_in_thread(name: str, **options):
+    """The URL of `app_in_thread`."""
+    with app_in_thread(name, **options) as (url, _app):
+        yield url
 
 
 @contextmanager
@@ -310,3 +319,89 @@ def test_keys_are_required_off_loopback_and_checked(probe):
         assert refused.value.status == 401
         with RemoteEnv(url, PROBE, api_key="s3cret") as env:
             assert env.reset(seed=2).observation == "probe x task=None seed=2"
+
+
+# What a client must never choose for a served sandbox: the backend, its limits, running unisolated,
+# the Docker engine and the image. Values a hostile client would send.
+OPERATOR_ONLY = {
+    "backend": "local",
+    "limits": {"network": True, "cpu_s": 100000},
+    "unisolated": True,
+    "docker_host": "tcp://10.1.2.3:2375",
+    "image": "attacker/image:latest",
+}
+# What an operator may set with --env-args (two servers: the local and the Docker backend's own).
+OPERATOR_SET = [
+    {"backend": "local", "limits": {"cpu_s": 5}, "unisolated": True},
+    {"backend": "docker", "docker_host": "unix:///nonexistent/docker.sock", "image": "agentstream-sandbox:x"},
+]
+
+
+def refuses_operator_kwargs(url: str) -> None:
+    for name, value in OPERATOR_ONLY.items():
+        status, answer = call(url, "POST", "/v1/sessions", {"kwargs": {"max_steps": 3, name: value}})
+        error = answer.get("error") or {}
+        shown = value if isinstance(value, str | bool) else repr(value)
+        assert (status, error.get("code"), error.get("field"), error.get("value")) == (
+            400, "operator_kwarg", f"kwargs.{name}", shown,
+        ), answer  # fmt: skip
+        assert f"--env-args '{{\"{name}\": ...}}'" in error["message"], error
+
+
+def test_a_client_may_not_set_what_only_the_operator_sets(tmp_path):
+    with app_in_thread("sandbox") as (url, app):
+        refuses_operator_kwargs(url)
+        assert len(app["sessions"]) == 0  # nothing was made for a refused request
+        sid = session(url, max_steps=3)  # what is the client's to choose still is
+        assert app["sessions"].get(sid).env.max_steps == 3
+    for env_args in OPERATOR_SET:
+        with app_in_thread("sandbox", env_args=orjson.dumps(env_args).decode()) as (url, app):
+            refuses_operator_kwargs(url)  # set by the operator or not, never by a client
+            env = app["sessions"].get(session(url, max_steps=4)).env
+            assert {name: getattr(env, name) for name in env_args} == env_args
+            assert env.max_steps == 4
+
+
+def test_a_served_sandbox_session_runs_isolated():
+    with app_in_thread("sandbox") as (url, app), RemoteEnv(url, "sandbox") as env:
+        env.reset(seed=0)
+        whoami = env.step({"tool": "shell", "params": {"command": "id -u"}})
+        box = app["sessions"].get(env.session_id).env.sandbox
+        assert box is not None and box.isolation["missing"] == [], box.isolation
+        assert all(box.isolation[k] for k in ("filesystem", "network", "processes")), box.isolation
+        if box.isolation["backend"] == "local":  # the agent is the sandbox's own nobody, not our root
+            assert whoami.observation.split()[0] == str(box.isolation["user"]) != "0", whoami
+
+
+def test_the_rollout_command_runs_its_episodes_on_a_served_env(tmp_path, broker):
+    from producers.envs.tasks import BUILTIN_DIR
+    from schemas.topics import AGENT_EVENTS
+    from tests.support.openai_stub import scripted_openai
+    from tests.support.readback import read_topic
+
+    tasks = tmp_path / "tasks.jsonl"  # three of the built-in tasks, which the server serves
+    tasks.write_text("\n".join((BUILTIN_DIR / "calc.jsonl").read_text().splitlines()[:3]) + "\n")
+    with served_by_the_command(tmp_path, "calc") as (url, server), scripted_openai() as (policy, asked):
+        argv = ["rollout", "--env", "calc", "--env-url", url, "--tasks", str(tasks), "--group-size", "2",
+                "--concurrency", "3", "--policy-url", policy, "--bootstrap-servers", broker.bootstrap,
+                "--data-dir", str(tmp_path / "rollout")]  # fmt: skip
+        rollout = Proc(agentstream_argv(*argv), tmp_path / "rollout.log")
+        try:
+            code = rollout.popen.wait(timeout=60)
+        finally:
+            rollout.stop()
+        out = rollout.log_text()
+        assert code == 0 and "[rollout] 6 episodes, 6 solved" in out, out[-3000:]
+        log = server.log_text()
+        assert log.count(" opened (") == 6 and log.count(" closed by the client (") == 6, log[-3000:]
+    assert len(asked) == 12  # two turns an episode: the calculator, then the answer
+    records = read_topic(broker.bootstrap, AGENT_EVENTS, min_records=6 * 4, timeout_s=30)
+    episodes: dict[str, list[dict]] = {}
+    for r in sorted(records, key=lambda r: (r["partition"], r["offset"])):
+        episodes.setdefault(r["value"]["trajectory_id"], []).append(r["value"])
+    assert len(episodes) == 6
+    for events in episodes.values():
+        assert [e["type"] for e in events] == ["episode.started", *["step.recorded"] * 2, "episode.ended"]
+        assert [e["tool"] for e in events[1:3]] == ["calculator", "submit"]
+        assert events[2]["observation"].endswith(": correct"), events[2]
+        assert events[-1]["success"] is True and events[-1]["outcome_source"] == "env.verify"

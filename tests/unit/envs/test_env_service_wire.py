@@ -4,6 +4,7 @@ field, and the rollout config takes `--env-url` / `--env-args`."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import orjson
@@ -135,3 +136,43 @@ def test_the_rollout_config_takes_an_env_url_and_env_args():
 
     env = RolloutConfig(env_args='{"difficulty": 4}').make_env(Task("t", "calc"))
     assert env.difficulty == 4
+
+
+def test_what_only_the_operator_sets_is_refused_from_a_client_and_taken_from_env_args():
+    import producers.envs  # noqa: F401  (registers sandbox)
+    from producers.envs.errors import EnvError
+    from producers.envs.registry import EnvSpec, spec
+    from producers.envs.service.config import operator_kwargs, session_kwargs
+
+    sandbox = spec("sandbox")
+    operator = {"backend": "docker", "limits": None, "unisolated": True, "docker_host": "tcp://10.1.2.3:2375",
+                "image": "attacker/image"}  # fmt: skip
+    assert operator_kwargs(sandbox) == set(operator) and operator_kwargs(spec("calc")) == frozenset()
+    for name, value in operator.items():  # on a server that set none of them, or all of them
+        for fixed in ({}, operator):
+            with pytest.raises(EnvServiceError) as refused:
+                session_kwargs(sandbox, fixed, {"max_steps": 5, name: value})
+            error = refused.value
+            assert (error.status, error.code, error.field, error.value) == (
+                400,
+                "operator_kwarg",
+                f"kwargs.{name}",
+                value,
+            )
+            assert "--env-args" in str(error) and repr(value) in str(error)
+    assert session_kwargs(sandbox, operator, {"max_steps": 5}) == {**operator, "max_steps": 5}
+
+    class Misdeclared:
+        operator_kwargs = frozenset({"backends"})
+
+        def __init__(self, backend: str = "local"):
+            self.backend = backend
+
+    with pytest.raises(EnvError, match=r"operator_kwargs names \['backends'\]"):
+        operator_kwargs(EnvSpec("mis", Misdeclared))
+    Misdeclared.operator_kwargs = "backend"  # a string is not a set of names
+    with pytest.raises(EnvError, match="frozenset of parameter names"):
+        operator_kwargs(EnvSpec("mis", Misdeclared))
+    Misdeclared.operator_kwargs = frozenset({"backend"})
+    wrapped = EnvSpec("mis", functools.partial(functools.partial(Misdeclared), backend="docker"))
+    assert operator_kwargs(wrapped) == {"backend"}  # a partial is looked through
