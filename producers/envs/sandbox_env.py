@@ -101,6 +101,8 @@ class SandboxEnv(AgentEnv):
         for name, value in (("docker_host", docker_host), ("image", image)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise EnvError(f"{name}: expected a non-empty string, got {value!r}")
+        if isinstance(limits, dict):  # from JSON (--env-args): the fields of `Limits`, checked there
+            limits = _limits_from(limits)
         if backend == "docker" and limits is not None:
             raise EnvError("limits: the local backend's Limits do not apply to backend 'docker'")
         if backend == "local" and (docker_host is not None or image is not None):
@@ -224,6 +226,23 @@ class SandboxEnv(AgentEnv):
         if self.sandbox is not None:
             self.sandbox.close()
             self.sandbox = None
+
+
+def _limits_from(fields: dict[str, Any]) -> Any:
+    """A `Limits` from a JSON object of its fields; an unknown field or bad value is an `EnvError`."""
+    from dataclasses import fields as dataclass_fields
+
+    from producers.sandbox.errors import SandboxError
+    from producers.sandbox.local import Limits
+
+    known = {f.name for f in dataclass_fields(Limits)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise EnvError(f"limits: unknown field(s) {unknown}; known: {sorted(known)}")
+    try:
+        return Limits(**fields)
+    except SandboxError as exc:
+        raise EnvError(f"limits: {exc}") from None
 
 
 def parse_sandbox_task(task: Any) -> dict[str, Any]:

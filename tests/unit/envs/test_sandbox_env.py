@@ -174,12 +174,21 @@ def test_registered_env_draws_a_builtin_task_from_the_seed():
 def test_options_that_do_not_apply_to_the_backend_are_refused_not_dropped():
     from producers.sandbox.local import Limits
 
-    with pytest.raises(EnvError, match="limits: .*backend 'docker'"):
+    with pytest.raises(EnvError, match=r"limits: .*backend 'docker'"):
         SandboxEnv(backend="docker", limits=Limits())
-    with pytest.raises(EnvError, match="docker_host, image: .*backend 'local'"):
+    with pytest.raises(EnvError, match=r"docker_host, image: .*backend 'local'"):
         SandboxEnv(backend="local", docker_host="unix:///nonexistent/docker.sock")
     with pytest.raises(EnvError, match="unisolated: expected true or false"):
         SandboxEnv(unisolated="yes")
+
+
+def test_limits_from_json_are_checked_and_used():
+    env = SandboxEnv(backend="local", limits={"timeout_s": 7, "processes": 32})
+    assert (env.limits.timeout_s, env.limits.processes) == (7, 32)
+    with pytest.raises(EnvError, match=r"limits: unknown field\(s\) \['walltime'\]"):
+        SandboxEnv(limits={"walltime": 5})
+    with pytest.raises(EnvError, match=r"limits: .*processes"):
+        SandboxEnv(limits={"processes": -1})
 
 
 def test_auto_is_decided_once_so_the_verdict_runs_on_the_agents_backend(task):
