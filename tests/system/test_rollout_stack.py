@@ -13,6 +13,7 @@ import pytest
 
 import producers.envs
 from infra.stack import StackConfig
+from tests.support.openai_stub import scripted_openai
 from tests.support.processes import AGENTSTREAM, Proc, free_port, wait_for
 
 BUILTIN_SANDBOX = Path(producers.envs.__file__).with_name("tasks") / "sandbox.jsonl"
@@ -24,6 +25,22 @@ ROLLOUT_STEPS = (
     "SELECT count() FROM agentstream.{table} FINAL WHERE trajectory_id IN "
     "(SELECT trajectory_id FROM agentstream.episodes FINAL WHERE agent = 'rollout' AND domain = 'math')"
 )
+
+
+def fixer(patch: str):
+    """A scripted policy: writes the task's reference fix, `git apply`s it, removes the patch file,
+    then answers (the answer goes to `submit`, and the verdict runs)."""
+    steps = [
+        ("file_write", {"path": "fix.patch", "content": patch}),
+        ("git", {"subcommand": "apply", "args": ["fix.patch"]}),
+        ("shell", {"command": ["rm", "fix.patch"]}),
+    ]
+
+    def script(messages: list[dict]):
+        done = sum(1 for m in messages if m.get("role") == "tool")
+        return ("", steps[done]) if done < len(steps) else ("fixed", None)
+
+    return script
 
 
 def _cli(*args: str) -> str:
@@ -148,6 +165,21 @@ def test_rollouts_land_in_clickhouse_with_groups_and_rule_rewards_and_eval_compa
         counts = {row[0]: row[1] for row in verified}
         assert counts == {t: 5 if t == sandbox_first_task else 1 for t in builtin}, counts
         assert all(row[2] == 0 and row[3] == 0 for row in verified), verified
+
+        # a policy that applies a task's reference fix: the Docker verdict says solved, and it lands
+        fixed = json.loads(BUILTIN_SANDBOX.read_text().splitlines()[1])
+        fix_task = tmp_path / "fix.jsonl"
+        fix_task.write_text(json.dumps(fixed) + "\n")
+        with scripted_openai(fixer(fixed["task"]["reference_patch"])) as (stub_url, _):
+            fix_args = ["--env", "sandbox", "--tasks", str(fix_task), "--group-size", "1", "--max-turns", "6"]
+            fix_args += ["--env-args", json.dumps(docker), "--data-dir", str(tmp_path / "r4"), "--policy-url"]
+            out = _cli("rollout", *fix_args, stub_url, "--bootstrap-servers", state["bootstrap_servers"])
+        assert "[rollout] 1 episodes" in out, out
+        solved_sql = (
+            "SELECT count() FROM agentstream.episodes FINAL WHERE agent = 'rollout' AND domain = 'coding' "
+            f"AND task_id = '{fixed['task_id']}' AND success = 1"
+        )
+        wait_for(lambda: config.query(solved_sql)[0][0] == 1, timeout_s=60, what="the solved coding episode")
 
         # eval of two policies (the same endpoint twice): a rate with an interval each
         second = ["--policy-url", f"http://127.0.0.1:{port}/v1"]
