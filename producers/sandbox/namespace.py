@@ -80,11 +80,10 @@ class Boundary:
             self.proc.wait(timeout=3)
         except subprocess.TimeoutExpired:
             self._kill()
-        if self.cgroup is not None:
-            self.cgroup.remove()
+        left = self.cgroup.remove() if self.cgroup is not None else []
         if self.lease is not None:
             confinement.kill_uid(self.lease.uid)
-            self.lease.release()
+            self.lease.release(keep=bool(left))  # its record lets a later sweep retry
         if self.base is not None:
             shutil.rmtree(self.base, ignore_errors=True)
         if self.errors is not None:
@@ -126,8 +125,7 @@ def _launch(spec: BoundarySpec, bwrap: str | None, unisolated_reason: str | None
     lease = confinement.lease_uid() if os.geteuid() == 0 else None
     cgroup, cgroup_reason = (None, "the host process is not root: no per-sandbox cgroup")
     if lease is not None:
-        name = f"{confinement.CGROUP_PREFIX}{lease.uid}"
-        cgroup, cgroup_reason = confinement.make_cgroup(name, lease.uid, spec.pids_max, spec.memory_bytes)
+        cgroup, cgroup_reason = confinement.make_cgroup(lease, spec.pids_max, spec.memory_bytes)
     data_fds: list[int] = []
     base = None
     errors = tempfile.TemporaryFile()  # noqa: SIM115 - the boundary owns it until close()
@@ -218,10 +216,9 @@ def _private_dir(lease: confinement.UidLease | None) -> Path:
 
 
 def _undo(lease: confinement.UidLease | None, cgroup: confinement.Cgroup | None, base: Path | None) -> None:
-    if cgroup is not None:
-        cgroup.remove()
+    left = cgroup.remove() if cgroup is not None else []
     if lease is not None:
-        lease.release()
+        lease.release(keep=bool(left))
     if base is not None:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -168,16 +168,42 @@ def test_a_sandbox_made_in_a_thread_that_ended_still_works():
         assert box.run("shell", {"command": ["echo", "alive"]}).output == "alive\n"
 
 
-def test_when_the_host_process_dies_its_sandbox_dies_with_it():
+@pytest.fixture
+def scratch_cgroup():
+    """As root, a child (pids and memory) of this process's own cgroups for a host process to run
+    in, so that what its sandbox makes is not under this process's cgroups; removed afterwards."""
+    dirs = []
+    if os.geteuid() == 0:
+        for controller in confinement.CONTROLLERS:
+            parent = confinement._own_cgroup(controller)
+            if parent is not None:
+                dirs.append(parent / f"agentstream-test-scratch-{os.getpid()}")
+                dirs[-1].mkdir(exist_ok=True)
+    yield confinement.Cgroup(dirs) if dirs else None
+    inner = [sub for d in dirs for sub in d.glob(f"{confinement.CGROUP_PREFIX}*")]
+    confinement.Cgroup([*inner, *dirs]).remove()
+
+
+def test_when_the_host_process_dies_its_sandbox_dies_with_it(scratch_cgroup, tmp_path, monkeypatch):
+    """The killed host ran in another cgroup than the process that sweeps up after it (as each job
+    on a shared host does): its lease file's record is what leads the sweep to its cgroups. The
+    leases are in a directory of this test's (any other sandbox on the host would sweep them)."""
+    monkeypatch.setattr(confinement, "LEASE_DIR", tmp_path / "leases")
     code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from producers.sandbox import confinement\n"
         "from producers.sandbox.local import LocalSandbox\n"
+        "confinement.LEASE_DIR = Path(sys.argv[1])\n"
         "box = LocalSandbox()\n"
         "box.run('shell', {'command': 'echo x > /tmp/x'})\n"
         "lease = box._boundary.lease\n"
         "print(box._boundary.proc.pid, lease.uid if lease else '', flush=True)\n"
         "box.run('shell', {'command': 'sleep 600'})\n"
     )
-    host = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-c", code, str(confinement.LEASE_DIR)]
+    argv = scratch_cgroup.enter_argv(argv) if scratch_cgroup else argv
+    host = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True)
     bwrap, _, uid = host.stdout.readline().strip().partition(" ")
     bwrap = int(bwrap)
     time.sleep(0.3)  # the sleep is running inside
@@ -187,9 +213,60 @@ def test_when_the_host_process_dies_its_sandbox_dies_with_it():
     while Path(f"/proc/{bwrap}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{bwrap}").exists() or Path(f"/proc/{bwrap}/stat").read_text().split()[2] == "Z"
-    if os.geteuid() == 0:  # its uid lease and cgroups are left behind, and the next sandbox sweeps them
-        lease, cgroup = confinement.LEASE_DIR / f"{uid}.lock", f"{confinement.CGROUP_PREFIX}{uid}"
-        assert lease.exists() and confinement._cgroup_dirs(cgroup), "nothing left to sweep: proves nothing"
+    if os.geteuid() == 0:  # its uid lease and cgroups are left behind: the next sandbox sweeps them
+        lease = confinement.LEASE_DIR / f"{uid}.lock"
+        left = (
+            [d / f"{confinement.CGROUP_PREFIX}{uid}" for d in scratch_cgroup.dirs] if scratch_cgroup else []
+        )
+        assert lease.exists() and all(d.is_dir() for d in left), "nothing left to sweep: proves nothing"
+        assert set(confinement.recorded_cgroups(lease.read_bytes(), int(uid))) == set(left)
         with LocalSandbox():
             pass
-        assert not lease.exists() and confinement._cgroup_dirs(cgroup) == []
+        assert not lease.exists() and not any(d.exists() for d in left)
+
+
+def test_a_lease_record_names_only_that_sandboxs_own_cgroups(tmp_path, caplog):
+    uid = confinement.UID_BASE + 7
+    name = f"{confinement.CGROUP_PREFIX}{uid}"
+    memory = Path(os.path.realpath(confinement.CGROUP_ROOT / "memory"))
+    (tmp_path / "link").symlink_to(memory / "job")
+    refused = [
+        memory / "job" / f"{confinement.CGROUP_PREFIX}{uid + 1}",  # another sandbox's
+        memory / "job" / "..",  # not a name at all
+        memory / "job" / ".." / name,  # not what it resolves to
+        tmp_path / "link" / name,  # through a link
+        tmp_path / name,  # not in a cgroup hierarchy
+        confinement.CGROUP_ROOT / "cpu" / name,  # a controller this module does not use
+        confinement.CGROUP_ROOT / name,  # above the controllers
+        Path("relative") / name,
+    ]
+    lines = [
+        str(memory / "job" / name).encode(),
+        *(str(p).encode() for p in refused),
+        b"/\xff/" + name.encode(),
+    ]
+    with caplog.at_level(logging.WARNING, logger="producers.sandbox.confinement"):
+        assert confinement.recorded_cgroups(b"\n".join(lines) + b"\n", uid) == [memory / "job" / name]
+    assert caplog.text.count("not a cgroup of that sandbox: left alone") == len(refused) + 1
+
+
+def test_the_sweep_follows_no_record_out_of_the_cgroup_hierarchy(tmp_path, caplog):
+    uid = confinement.UID_BASE + 11
+    victim = tmp_path / "victim" / f"{confinement.CGROUP_PREFIX}{uid}"  # named like its cgroup
+    victim.mkdir(parents=True)
+    leases = tmp_path / "leases"
+    leases.mkdir()
+    (leases / f"{uid}.lock").write_text(f"{victim}\n")
+    with caplog.at_level(logging.WARNING, logger="producers.sandbox.confinement"):
+        assert confinement.sweep_stale(leases) == [uid]
+    assert victim.is_dir() and str(victim) in caplog.text
+    assert not (leases / f"{uid}.lock").exists()
+
+
+def test_a_cgroup_that_will_not_go_is_named_in_a_warning(tmp_path, caplog):
+    stuck = tmp_path / "stuck"
+    stuck.mkdir()
+    (stuck / "cgroup.procs").write_text("")  # a directory rmdir refuses, with nobody in it
+    with caplog.at_level(logging.WARNING, logger="producers.sandbox.confinement"):
+        assert confinement.Cgroup([stuck, tmp_path / "gone"]).remove() == [stuck]
+    assert f"gave up removing cgroup {stuck}" in caplog.text
