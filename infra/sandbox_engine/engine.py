@@ -3,12 +3,13 @@
 
 `SandboxEngine` starts `dockerd` with its own data root, exec root, socket and pid file, and with no
 bridge, no iptables rules, no ip forwarding and no masquerading; it stops it by PID after removing
-the sandbox's containers and unmounts what it left. `EngineLease` is one user's hold on it (see the
-package docstring for the locks).
+the sandbox's containers and volumes and unmounts what it left. `EngineLease` is one user's hold on
+it (see the package docstring for the locks).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -33,6 +34,8 @@ from infra.sandbox_engine.host import (
 from infra.sandbox_engine.image import Progress, ensure_image, quiet
 from producers.sandbox.image import SANDBOX_IMAGE
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "DEFAULT_STATE_DIR",
     "SANDBOX_LABEL",
@@ -47,7 +50,7 @@ __all__ = [
 
 DEFAULT_STATE_DIR = Path("/var/tmp/agentstream-sandbox-engine")
 STATE_DIR_ENV = "AGENTSTREAM_SANDBOX_ENGINE_DIR"
-SANDBOX_LABEL = "agentstream.sandbox"  # containers of the Docker sandbox carry `agentstream.sandbox=1`
+SANDBOX_LABEL = "agentstream.sandbox"  # `=1` on the Docker sandbox's containers and volumes
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 20.0
 IMAGE_CHOICES = ("ensure", "rebuild", "skip")
@@ -259,16 +262,16 @@ class SandboxEngine:
         pidfile.unlink(missing_ok=True)
 
     def stop(self, progress: Progress = quiet) -> str:
-        """Remove the sandbox's containers, stop dockerd by PID, unmount what it left; "stopped" or
-        "not running". Call under `control_lock`."""
+        """Remove the sandbox's containers and then its volumes, stop dockerd by PID, unmount what it
+        left; "stopped" or "not running". Call under `control_lock`."""
         pid = self.pid()
         if pid is None and self._popen is None:
             self._clean_leftovers()
             self._owner_file.unlink(missing_ok=True)
             return "not running"
-        removed = self._remove_containers()
-        if removed:
-            progress(f"removed {removed} sandbox container(s)")
+        containers, volumes = self._remove_sandbox_objects()
+        if containers or volumes:
+            progress(f"removed {containers} sandbox container(s) and {volumes} volume(s)")
         survivors = descendants(pid) if pid is not None else []
         progress(f"stopping dockerd (pid {pid})")
         if self._popen is not None:
@@ -283,18 +286,19 @@ class SandboxEngine:
         self._owner_file.unlink(missing_ok=True)
         return "stopped"
 
-    def _remove_containers(self) -> int:
+    def _remove_sandbox_objects(self) -> tuple[int, int]:
+        """Remove the containers labelled as a sandbox's, then the volumes so labelled (a volume
+        goes only once no container uses it); the counts removed. Never raises: an engine that
+        does not answer is stopped by signal all the same."""
         try:
             client = self.client(timeout=30)
         except Exception:
-            return 0
+            return 0, 0
+        labelled = {"label": f"{SANDBOX_LABEL}=1"}
         try:
-            found = client.containers.list(all=True, filters={"label": f"{SANDBOX_LABEL}=1"})
-            for container in found:
-                container.remove(force=True)
-            return len(found)
-        except Exception:
-            return 0  # an engine that does not answer is stopped by signal all the same
+            containers = _remove_each(lambda: client.containers.list(all=True, filters=labelled), "container")
+            volumes = _remove_each(lambda: client.volumes.list(filters=labelled), "volume")
+            return containers, volumes
         finally:
             client.close()
 
@@ -399,6 +403,23 @@ def measure_setup(progress: Progress = quiet) -> dict:
         _stop_locked(engine, progress)
         shutil.rmtree(state, ignore_errors=True)
     return {"cold": cold.as_dict(), "warm": warm.as_dict()}
+
+
+def _remove_each(listing, kind: str) -> int:
+    """Force-remove every object `listing()` returns; how many went (a failure is logged)."""
+    removed = 0
+    try:
+        for found in listing():
+            try:
+                found.remove(force=True)
+                removed += 1
+            except Exception as exc:
+                log.warning(
+                    "sandbox engine: could not remove %s %s: %s", kind, getattr(found, "name", found), exc
+                )
+    except Exception as exc:
+        log.warning("sandbox engine: could not list the sandbox %ss: %s", kind, exc)
+    return removed
 
 
 def _stop_locked(engine: SandboxEngine, progress: Progress) -> None:

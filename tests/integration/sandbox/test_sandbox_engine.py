@@ -180,6 +180,33 @@ def test_an_engine_killed_without_cleanup_is_cleaned_up_by_the_next_start(scratc
     _nothing_left(engine, pid)
 
 
+def test_stop_removes_the_sandboxs_volumes_and_no_others(scratch_engine):
+    from infra.sandbox_engine.engine import SANDBOX_LABEL
+
+    engine = scratch_engine
+    lines: list[str] = []
+    lock = engine.control_lock()
+    try:
+        engine.start()
+        client = engine.client()
+        try:
+            client.volumes.create("agentstream-sandbox-left", labels={SANDBOX_LABEL: "1"})
+            client.volumes.create("someone-elses")
+        finally:
+            client.close()
+        assert engine.stop(lines.append) == "stopped"
+        engine.start()  # the same data root: what stop left is still there
+        client = engine.client()
+        try:
+            names = {volume.name for volume in client.volumes.list()}
+        finally:
+            client.close()
+    finally:
+        lock.release()
+    assert names == {"someone-elses"}
+    assert "removed 0 sandbox container(s) and 1 volume(s)" in lines
+
+
 SKIPPING_TESTS = """
 import pytest
 
