@@ -16,7 +16,13 @@ taken in a second, fresh workspace of the same sandbox backend:
    none. Then the task's `test_files` are rewritten and its `test_patch` applied.
 5. The checks run: the test command (the FAIL_TO_PASS check) must exit 0, and a task listing
    PASS_TO_PASS ids must still pass them (pytest). Where a check is a pytest run of listed ids,
-   every id must be reported PASSED: a skipped or uncollected test is not a pass.
+   every id must be reported PASSED: a skipped or uncollected test is not a pass. Every check runs
+   under `env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1` (`CHECK_ENV`): no pytest
+   plugin is loaded from package metadata (the workspace is on `sys.path`), so a task that needs an
+   installed plugin names it in its test_command (`-p module`).
+
+What still runs in the check is the code the agent legitimately changed: when the tests import it,
+it can patch the test runner in-process. That cannot be closed here (see docs/security.md).
 
 It must not run git or any other tool on the agent's files outside a sandbox.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import logging
 import re
 import sys
@@ -34,7 +41,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from producers.envs.errors import EnvError
-from producers.sandbox.base import Sandbox, ToolResult
+from producers.sandbox.base import Sandbox, ToolResult, shell_argv
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +51,7 @@ AGENT_PATCH_PATH = ".git/agentstream-agent.patch"
 TEST_PATCH_PATH = ".git/agentstream-test.patch"
 PYTEST_PREFIX = ("python3", "-m", "pytest", "-q")
 PYTEST_REPORT_OPTIONS = ("-rfEsp", "-p", "no:cacheprovider")
+CHECK_ENV = ("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "PYTHONDONTWRITEBYTECODE=1")
 
 # Files that change how tests are collected or run rather than what the code does: an agent's
 # change to one never counts, wherever it sits (pytest finds ini files in any parent directory of
@@ -56,12 +64,22 @@ TEST_CONFIG_NAMES = frozenset(
         "tox.ini",
         "setup.cfg",
         "pyproject.toml",
+        "pytest.toml",
+        ".pytest.toml",
         "sitecustomize.py",
         "usercustomize.py",
     }
 )
-# Modules an added file may not shadow: the standard library and the test runners' own modules.
-RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "nose", "nose2"})
+# Directories named like this hold tests; the innermost one above a test file is the task's.
+TEST_DIR_NAMES = frozenset({"tests", "test", "testing"})
+# Package metadata (entry points: pytest plugins) and files `site` runs at startup.
+METADATA_SUFFIXES = (".dist-info", ".egg-info")
+STARTUP_SUFFIXES = (".pth", ".egg-link")
+# Modules an added file may not shadow: the standard library, the test runners and what they import.
+RUNNER_MODULES = frozenset(
+    {"pytest", "_pytest", "pluggy", "py", "iniconfig", "nose", "nose2", "attr", "attrs", "packaging"}
+    | {"pygments", "exceptiongroup", "tomli", "colorama", "importlib_metadata"}
+)
 SHADOWED_MODULES = frozenset(sys.stdlib_module_names) | RUNNER_MODULES | {"sitecustomize", "usercustomize"}
 MODULE_SUFFIXES = (".py", ".pyw", ".pyc", ".so", ".pyd")
 
@@ -105,6 +123,17 @@ def pytest_command(ids: Iterable[str]) -> list[str]:
     return [*PYTEST_PREFIX, *PYTEST_REPORT_OPTIONS, *ids]
 
 
+def guarded(command: list[str] | str) -> list[str]:
+    """A check's command as it runs: under `CHECK_ENV` (a str is run by `/bin/sh -c`).
+
+    >>> guarded("make test")[-4:]
+    ['PYTHONDONTWRITEBYTECODE=1', '/bin/sh', '-c', 'make test']
+    >>> guarded(["python3", "t.py"])
+    ['env', 'PYTEST_DISABLE_PLUGIN_AUTOLOAD=1', 'PYTHONDONTWRITEBYTECODE=1', 'python3', 't.py']
+    """
+    return ["env", *CHECK_ENV, *shell_argv(command)]
+
+
 def checks_of(task: dict[str, Any]) -> list[Check]:
     """The checks of a parsed task: its test command (FAIL_TO_PASS), then PASS_TO_PASS.
 
@@ -135,41 +164,101 @@ def passed_ids(output: str) -> set[str]:
 def protected_reason(path: str, base_paths: frozenset[str], test_paths: frozenset[str]) -> str | None:
     """Why the agent's change to `path` does not count, or None when it does.
 
-    A change to a test file (one the task names in `test_files`, `test_patch` or its test ids, or
-    any `test_*.py` / `*_test.py`, added ones included: a new test module could patch the module
-    under test when pytest imports it) or to a test configuration file never counts; an added file
-    never counts when it is compiled bytecode or a `.pth` file, or when it is a module in a
-    directory that is no package (so possibly on `sys.path`) named like a standard library
-    module, a test runner module or a module the task already has elsewhere.
+    Never counts, added or changed: a test file (one the task names in `test_files`, `test_patch`
+    or its test ids, or any `test_*.py` / `*_test.py`, added ones included: a new test module could
+    patch the module under test when pytest imports it), a test configuration file, package
+    metadata (`*.dist-info`, `*.egg-info`: entry points load pytest plugins), a `.pth` or
+    `.egg-link`, and anything in the task's test directory (see `_test_dirs`: its `__init__.py`,
+    which pytest imports before the tests, helpers, data). Never counts when added: compiled
+    bytecode, an `__init__.py` in a directory above a test file (it makes that directory a package
+    pytest imports), or a module in a directory that is no package (so possibly on `sys.path`)
+    named like a standard library module, a test runner module or a module the task already has
+    elsewhere.
 
-    >>> base = frozenset({"src/calc.py", "tests/test_calc.py"})
+    >>> base = frozenset({"src/calc.py", "tests/test_calc.py", "test_util.py", "util.py"})
     >>> protected_reason("tests/conftest.py", base, frozenset())
     'test configuration file conftest.py'
-    >>> protected_reason("tests/calc.py", base, frozenset())
-    "module 'calc' shadows a module of the task or of Python"
-    >>> protected_reason("tests/test_extra.py", base, frozenset())
+    >>> protected_reason("src/calc_test.py", base, frozenset())
     'a test file'
-    >>> protected_reason("src/calc.py", base, frozenset()) is None
-    True
+    >>> protected_reason("tests/__init__.py", base, frozenset())
+    "in the task's test directory tests/"
+    >>> protected_reason("__init__.py", base, frozenset())
+    'an added __init__.py above test files'
+    >>> protected_reason("x-1.0.dist-info/entry_points.txt", base, frozenset())
+    'package metadata, .pth or .egg-link file'
+    >>> [protected_reason(p, base, frozenset()) for p in ("src/calc.py", "util.py", "src/new.py")]
+    [None, None, None]
+    >>> protected_reason("src/util.py", base, frozenset())
+    "module 'util' shadows a module of the task or of Python"
     """
     parts = PurePosixPath(path).parts
     name = parts[-1]
-    if path in test_paths:
-        return "a test file of the task"
-    if name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py")):
-        return "a test file"
-    if name in TEST_CONFIG_NAMES:
-        return f"test configuration file {name}"
-    if path in base_paths:
-        return None
-    if name.endswith((".pth", ".pyc", ".pyo")) or "__pycache__" in parts:
-        return "added bytecode or .pth file"
+    reason = _never_counts(path, parts, base_paths, test_paths)
+    if reason is not None or path in base_paths:
+        return reason
+    if name.endswith((".pyc", ".pyo")) or "__pycache__" in parts:
+        return "added bytecode"
+    if name.startswith("__init__.") and "/".join(parts[:-1]) in _test_dirs(base_paths, test_paths)[1]:
+        return "an added __init__.py above test files"
     module = _module_name(parts)
     if module is None or _in_package(parts, base_paths):
         return None
     if module in SHADOWED_MODULES or module in _top_level_modules(base_paths):
         return f"module {module!r} shadows a module of the task or of Python"
     return None
+
+
+def _never_counts(
+    path: str, parts: tuple[str, ...], base_paths: frozenset[str], test_paths: frozenset[str]
+) -> str | None:
+    """Why a change to `path` never counts, added or changed (see `protected_reason`)."""
+    name = parts[-1]
+    if path in test_paths:
+        return "a test file of the task"
+    if _is_test_file(name):
+        return "a test file"
+    if name in TEST_CONFIG_NAMES:
+        return f"test configuration file {name}"
+    if name.endswith(STARTUP_SUFFIXES) or any(part.endswith(METADATA_SUFFIXES) for part in parts):
+        return "package metadata, .pth or .egg-link file"
+    owned = _test_dirs(base_paths, test_paths)[0]
+    for depth in range(1, len(parts)):
+        if "/".join(parts[:depth]) in owned:
+            return f"in the task's test directory {'/'.join(parts[:depth])}/"
+    return None
+
+
+def _is_test_file(name: str) -> bool:
+    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
+
+
+@functools.lru_cache(maxsize=8)
+def _test_dirs(
+    base_paths: frozenset[str], test_paths: frozenset[str]
+) -> tuple[frozenset[str], frozenset[str]]:
+    """(the task's test directories, every directory holding a test file or above one; "" is the
+    root). A directory holding a test file (a path of `test_paths` or a base `test_*.py`) is the
+    task's up to the innermost enclosing `tests`/`test`/`testing` directory, or on its own when
+    none of the base's modules in it is code (only tests, `conftest.py`, `__init__.py`). The root,
+    or a directory of code with tests beside it, is never the task's: code there is the agent's."""
+    files = test_paths | {p for p in base_paths if _is_test_file(PurePosixPath(p).name)}
+    holding = {PurePosixPath(p).parent.parts for p in files}
+    code_dirs = {
+        PurePosixPath(p).parent.parts
+        for p in base_paths
+        if p.endswith(".py")
+        and PurePosixPath(p).name not in {"__init__.py", "conftest.py"}
+        and not _is_test_file(PurePosixPath(p).name)
+    }
+    owned, above = set(), set()
+    for parts in holding:
+        above.update("/".join(parts[:depth]) for depth in range(len(parts) + 1))
+        named = [depth for depth in range(1, len(parts) + 1) if parts[depth - 1] in TEST_DIR_NAMES]
+        if named:
+            owned.add("/".join(parts[: named[-1]]))
+        elif parts and parts not in code_dirs:
+            owned.add("/".join(parts))
+    return frozenset(owned), frozenset(above)
 
 
 def _module_name(parts: tuple[str, ...]) -> str | None:
@@ -189,14 +278,15 @@ def _in_package(parts: tuple[str, ...], base_paths: frozenset[str]) -> bool:
     return bool(home) and "/".join((*home, "__init__.py")) in base_paths
 
 
-def _top_level_modules(base_paths: frozenset[str]) -> set[str]:
+@functools.lru_cache(maxsize=8)
+def _top_level_modules(base_paths: frozenset[str]) -> frozenset[str]:
     names = set()
     for path in base_paths:
         parts = PurePosixPath(path).parts
         module = _module_name(parts)
         if module is not None and not _in_package(parts, base_paths):
             names.add(module)
-    return names
+    return frozenset(names)
 
 
 def patch_paths(patch: str) -> set[str]:
@@ -340,7 +430,7 @@ def _restore_protected(sandbox: Sandbox, task: dict[str, Any], base: str, base_p
 
 
 def _passes(sandbox: Sandbox, check: Check, task: dict[str, Any]) -> bool:
-    result = sandbox.run("shell", {"command": check.command, "timeout_s": TEST_TIMEOUT_S})
+    result = sandbox.run("shell", {"command": guarded(check.command), "timeout_s": TEST_TIMEOUT_S})
     missing = set(check.ids) - passed_ids(result.output)
     if result.ok and not missing:
         return True

@@ -10,14 +10,16 @@ have it), as a task's repository would ship or install its test runner.
 
 from __future__ import annotations
 
+import doctest
 import logging
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from producers.envs import SandboxEnv
+from producers.envs import SandboxEnv, sandbox_verdict
 from producers.envs.sandbox_env import parse_sandbox_task
 from producers.envs.sandbox_verdict import VerdictRefused, decide
 from producers.sandbox.local import LocalSandbox
@@ -43,6 +45,11 @@ SKIP_ALL = (
     "import pytest\n\n\ndef pytest_collection_modifyitems(items):\n"
     "    for item in items:\n        item.add_marker(pytest.mark.skip(reason='nope'))\n"
 )
+# Imported by the test run, each turns a failing run into a passing one.
+NO_OP_RUNTEST = "import _pytest.python\n\n_pytest.python.Function.runtest = lambda self: None\n"
+EXIT_0 = "import atexit, os; atexit.register(lambda: os._exit(0))\n"  # one line: a .pth runs it too
+# HOME is the workspace, so the sandbox python's user site is in it (all its files are the agent's).
+USER_SITE = f".local/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 FAKE_MODULE = "def last_n(items, n):\n    return [3, 4]\n\n\ndef first_n(items, n):\n    return [1, 2]\n"
 TEST_COMMAND = ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
 
@@ -131,6 +138,17 @@ ATTACKS = {
     "a new test module that patches the code under test": {
         "tests/test_aaa.py": "import listutil\n\nlistutil.last_n = lambda items, n: items[-n:]\n"
     },
+    "an __init__.py in the tests that makes every test pass": {"tests/__init__.py": NO_OP_RUNTEST},
+    "an __init__.py in the tests that ends the run with success": {
+        "tests/__init__.py": "import os\n\nos._exit(0)\n"
+    },
+    "a pytest11 entry point in an added dist-info": {
+        "evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evilplug\n",
+        "evil-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n",
+        "evilplug.py": NO_OP_RUNTEST,
+    },
+    "a .pth in the user site": {f"{USER_SITE}/evil.pth": EXIT_0},
+    "a usercustomize.py in the user site": {f"{USER_SITE}/usercustomize.py": EXIT_0},
 }
 
 
@@ -149,10 +167,29 @@ def test_edited_tests_pass_only_with_the_real_fix(env, task):
     assert play(env, task, {"tests/test_listutil.py": weak, "src/listutil.py": FIXED}) == (0, 1.0)
 
 
-def test_a_legitimate_new_module_counts(env, task):
+@pytest.mark.parametrize("helper_path", ["src/listtail.py", "src/listtail/__init__.py"])
+def test_a_legitimate_new_module_or_package_counts(env, task, helper_path):
     helper = "def tail(items, n):\n    return items[len(items) - n :]\n"
     fixed = "from listtail import tail\n\n\n" + FIXED.replace("items[-n:]", "tail(items, n)")
-    assert play(env, task, {"src/listtail.py": helper, "src/listutil.py": fixed}) == (0, 1.0)
+    assert play(env, task, {helper_path: helper, "src/listutil.py": fixed}) == (0, 1.0)
+
+
+def test_checks_run_without_plugin_autoload_or_bytecode(env, task):
+    probe = 'test "$PYTEST_DISABLE_PLUGIN_AUTOLOAD" = 1 && test "$PYTHONDONTWRITEBYTECODE" = 1'
+    assert play(env, {**task, "test_command": probe}, {}, probe) == (1, 1.0)  # not set for the agent
+
+
+def test_a_plugin_entry_point_is_not_loaded_even_if_it_were_kept(env, task, monkeypatch):
+    keep = sandbox_verdict.protected_reason
+    monkeypatch.setattr(
+        sandbox_verdict, "protected_reason", lambda p, *a: None if ".dist-info/" in p else keep(p, *a)
+    )
+    assert play(env, task, ATTACKS["a pytest11 entry point in an added dist-info"]) == (0, 0.0)
+
+
+def test_doctests():
+    result = doctest.testmod(sandbox_verdict)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_binary_and_non_utf8_changes_arrive_intact(env, task):
