@@ -26,6 +26,7 @@ from producers.envs.service.config import EnvServiceConfig
 from producers.envs.service.server import create_app
 from producers.envs.wrappers import TimeoutWrapper
 from producers.gateway.requests import hash_key
+from producers.sandbox.local import Limits
 from tests.support.processes import Proc, wait_for
 
 PROBE = "service-probe"
@@ -358,7 +359,10 @@ def test_a_client_may_not_set_what_only_the_operator_sets(tmp_path):
         with app_in_thread("sandbox", env_args=orjson.dumps(env_args).decode()) as (url, app):
             refuses_operator_kwargs(url)  # set by the operator or not, never by a client
             env = app["sessions"].get(session(url, max_steps=4)).env
-            assert {name: getattr(env, name) for name in env_args} == env_args
+            expected = dict(env_args)
+            if "limits" in expected:  # a JSON object of `Limits` fields becomes a checked `Limits`
+                expected["limits"] = Limits(**expected["limits"])
+            assert {name: getattr(env, name) for name in env_args} == expected
             assert env.max_steps == 4
 
 
