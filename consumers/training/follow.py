@@ -87,21 +87,24 @@ def train_file(run: TrainRunConfig) -> PolicyUpdated | None:
 def follow(run: TrainRunConfig) -> int:
     """Train on every `batch.built` of `run.follow_kinds()` until SIGTERM (or `run.idle_exit_s`)."""
     stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    ensure_topics(run.bootstrap_servers)
-    executor = TrainingExecutor(run.train, run.data_dir)
-    producer = make_producer(run.bootstrap_servers, CLIENT_ID)
-    publish_unpublished(run.bootstrap_servers, producer, executor.state.last_event)
-    consumer = make_consumer(run.bootstrap_servers, CLIENT_ID, run.group_id)
+    # the caller's SIGTERM handler comes back when following ends (a test runner's, for one)
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     try:
-        loop = ConsumeLoop(
-            consumer, producer, BatchTrainer(executor, producer, run.follow_kinds()), _loop_config(run)
-        )
-        loop.committed.update(assign_from_committed(consumer, [topics.TRAINING_BATCHES]))
-        loop.run(lambda: stop["now"])
+        ensure_topics(run.bootstrap_servers)
+        executor = TrainingExecutor(run.train, run.data_dir)
+        producer = make_producer(run.bootstrap_servers, CLIENT_ID)
+        publish_unpublished(run.bootstrap_servers, producer, executor.state.last_event)
+        consumer = make_consumer(run.bootstrap_servers, CLIENT_ID, run.group_id)
+        try:
+            trainer = BatchTrainer(executor, producer, run.follow_kinds())
+            loop = ConsumeLoop(consumer, producer, trainer, _loop_config(run))
+            loop.committed.update(assign_from_committed(consumer, [topics.TRAINING_BATCHES]))
+            loop.run(lambda: stop["now"])
+        finally:
+            consumer.close()
+            producer.close()
     finally:
-        consumer.close()
-        producer.close()
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 

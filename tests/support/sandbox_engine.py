@@ -75,14 +75,14 @@ def _from_env() -> SandboxEngineHandle | None:
     return SandboxEngineHandle(docker_host=host, image=image)
 
 
-def _interrupt_on_sigterm() -> None:
+def _interrupt_on_sigterm():
     """A SIGTERM (`timeout`, a CI runner giving up) ends the session like Ctrl-C, so the finalizers
-    stop the engine; by default Python would die at once and leave dockerd running."""
-    if (
-        threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    ):
-        signal.signal(signal.SIGTERM, _raise_interrupt)
+    stop the engine; by default Python would die at once and leave dockerd running. Installed
+    whatever handler was there (code run earlier in the session may have left its own); the
+    previous one is returned, to be put back at the end. None off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 def _raise_interrupt(signum, frame):
@@ -116,7 +116,7 @@ def sandbox_engine(request):
     engine = SandboxEngine()
     lease = engine.acquire(owner="session")
     atexit.register(lease.release)
-    _interrupt_on_sigterm()
+    previous_sigterm = _interrupt_on_sigterm()
     setup, unavailable, failed = None, None, None
     try:
         setup = lease.setup(progress=_progress(request.config))
@@ -127,6 +127,8 @@ def sandbox_engine(request):
     if setup is None:
         lease.release()
         atexit.unregister(lease.release)
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
         if unavailable:
             _skip(unavailable)
         pytest.fail(f"the sandbox engine did not come up: {failed}", pytrace=False)
@@ -140,6 +142,8 @@ def sandbox_engine(request):
     finally:
         lease.release()
         atexit.unregister(lease.release)
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
 
 
 def pytest_configure(config):
