@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import anyio
@@ -21,6 +18,7 @@ from infra.mcp.json_trajectory import rule_layer, score_json_trajectory
 from schemas.codec import encode
 from schemas.events import FeedbackAnnotation, JudgeStep
 from streams.rules.profiles import ProfileRegistry
+from tests.support.openai_stub import scripted_openai
 from tests.support.processes import AGENTSTREAM, REPO, Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -96,47 +94,9 @@ def store(tmp_path_factory):
         proc.stop()
 
 
-class ScriptedPolicy(BaseHTTPRequestHandler):
-    """An OpenAI-compatible endpoint that submits 7 (the answer to the calc task `3 + 4`)."""
-
-    def log_message(self, format, *args) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        self._json({"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "tests"}]})
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        call = {
-            "id": "call-1",
-            "type": "function",
-            "function": {"name": "submit", "arguments": '{"answer": "7"}'},
-        }
-        message = {"role": "assistant", "content": "", "tool_calls": [call]}
-        choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
-        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
-        self._json({"id": "r1", "object": "chat.completion", "created": 0, "model": "policy",
-                    "choices": [choice], "usage": usage})  # fmt: skip
-
-    def _json(self, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-@contextmanager
-def scripted_policy():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedPolicy)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
+def submit_seven(messages: list[dict]):
+    """The scripted policy's every reply: submit 7 (the answer to the calc task `3 + 4`)."""
+    return "", ("submit", {"answer": "7"})
 
 
 def server_env(url: str, bootstrap: str, data_dir: Path) -> dict[str, str]:
@@ -183,7 +143,7 @@ def test_every_tool_over_stdio(store, broker, tmp_path):
                 await check_rewards(s, broker.bootstrap)
                 await check_environments(s, policy_url, broker.bootstrap)
 
-    with scripted_policy() as policy_url:
+    with scripted_openai(submit_seven) as (policy_url, _requests):
         anyio.run(drive, policy_url)
 
 
