@@ -79,7 +79,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "policy_versions": _columns(
         "policy_version previous_version event_id occurred_at method step base_model checkpoint_path "
         "batch_ids trajectory_ids behaviour_versions source_ranges staleness_histogram dropped_groups "
-        "metrics loss is_ratio_mean is_ratio_max ess clipped_fraction kl"
+        "metrics loss is_ratio_mean is_ratio_max ess clipped_fraction kl base_model_id tokenizer_hash"
     ),
     "trajectory_versions_seen": _columns("reward_version"),
     "reward_versions": _columns(

@@ -23,7 +23,12 @@ class TrainConfig:
     """Executor hyperparameters (TRL-style config)."""
 
     base_model: str = field(
-        default="tiny", metadata={"help": "local model directory, or 'tiny' (built locally, no download)"}
+        default="tiny",
+        metadata={
+            "help": "local model directory, or 'tiny' (built locally, no download); one setting with "
+            "`agentstream policy` and `agentstream batch` (docs/operations.md, One base model)",
+            "env": "AGENTSTREAM_BASE_MODEL",
+        },
     )
     learning_rate: float = field(default=2e-4, metadata={"help": "AdamW learning rate"})
     epochs: int = field(default=1, metadata={"help": "passes over each batch"})

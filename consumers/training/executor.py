@@ -12,6 +12,9 @@ a `policy.updated` event per version. torch / transformers / peft are imported i
   (decoupled PPO; w = 1 where none were recorded or with `--is-correction none`), plus the KL term.
 - The learning rate follows `offpolicy.learning_rate_at` per optimizer step from `state.step`.
 - bf16 on GPU, fp32 on CPU.
+- One base: `--base-model` (AGENTSTREAM_BASE_MODEL, the policy server's setting too). Each
+  `policy.updated` names it (`base_model_id`, `tokenizer_hash`: `clients.base_model`), and a
+  checkpoint trained on another base is refused at start rather than resumed.
 
 The parts around it: `row_tensors` (rows -> padded tensors), `reference` (the reference policy),
 `versions` (the state, the version numbering and the event), `checkpoints` (the files on disk).
@@ -26,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clients.base_model import base_model_id, tokenizer_hash
 from consumers.batching.tokenize import Encoded
 from consumers.errors import TrainerError
 from consumers.training import checkpoints
@@ -48,7 +52,7 @@ from consumers.training.offpolicy import (
 )
 from consumers.training.reference import ReferencePolicy
 from consumers.training.row_tensors import collate, encode_row
-from consumers.training.versions import TrainState, policy_event
+from consumers.training.versions import TrainState, check_same_base, policy_event
 from schemas.events import PolicyUpdated
 
 log = logging.getLogger(__name__)
@@ -100,6 +104,9 @@ class TrainingExecutor:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         base_dir = self.base_path()
         self.tokenizer = AutoTokenizer.from_pretrained(base_dir)
+        # The base every version names on policy.updated; the policy server refuses another's.
+        self.base_model_id = base_model_id(base_dir)
+        self.tokenizer_hash = tokenizer_hash(self.tokenizer, base_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         latest = checkpoints.latest_checkpoint(self.ckpt_root)
@@ -116,6 +123,7 @@ class TrainingExecutor:
         if latest is not None:
             checkpoints.load_optimizer(self.optimizer, latest, device)
             self.state = checkpoints.read_state(latest)
+            check_same_base(self.state, self.base_model_id, self.tokenizer_hash, latest)
             log.info("executor: resumed %s at step %d", self.state.policy_version, self.state.step)
         self.reference = ReferencePolicy(self.config, self.ckpt_root, base_dir, device)
 
@@ -307,6 +315,8 @@ class TrainingExecutor:
             method,
             [batch_id],
             metrics,
+            base_model_id=self.base_model_id,
+            tokenizer_hash=self.tokenizer_hash,
             **lineage,
         )
         self.state.last_event = json.loads(event.model_dump_json())

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from consumers.errors import TrainerError
 from schemas.events import PolicyUpdated, utc_now
 from schemas.ids import derived_event_id
 from schemas.policy_versions import version_number
@@ -81,3 +82,25 @@ def policy_event(
         metrics=metrics,
         **lineage,
     )
+
+
+def check_same_base(state: TrainState, base_id: str, tokenizer: str, checkpoint: Path) -> None:
+    """Refuse to resume `checkpoint` when its last version names another base than the one
+    configured (`base_model_id` / `tokenizer_hash`; '' on either side is unknown, not checked).
+
+    >>> s = TrainState(policy_version="v2", last_event={"base_model_id": "aa", "tokenizer_hash": "t"})
+    >>> check_same_base(s, "aa", "t", Path("/c/v2"))
+    >>> check_same_base(s, "bb", "t", Path("/c/v2"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    consumers.errors.TrainerError: --base-model: checkpoint /c/v2 (v2) was trained on base_model_id 'aa', ...
+    """
+    event = state.last_event or {}
+    for name, configured in (("base_model_id", base_id), ("tokenizer_hash", tokenizer)):
+        recorded = event.get(name) or ""
+        if recorded and configured and recorded != configured:
+            raise TrainerError(
+                f"--base-model: checkpoint {checkpoint} ({state.policy_version}) was trained on {name} "
+                f"{recorded!r}, the configured base is {configured!r}; point --base-model "
+                "(AGENTSTREAM_BASE_MODEL) at its base, or start from another --data-dir"
+            )

@@ -16,7 +16,9 @@ SCHEMA_MAJOR = 1
 # 1.2: reward layers on `trajectory.scored`: per step `layers` / `missing_layers`, and the
 #      trajectory's `reward_definition` (issue #17)
 # 1.3: bounds on the fields that size work (`schemas.limits`); dead.letter's payload summary (#34)
-SCHEMA_VERSION = f"{SCHEMA_MAJOR}.3"
+# 1.4: the base a version was trained on, `base_model_id` / `tokenizer_hash`, on policy.updated, and
+#      each step's `tokenizer_hash` on trajectory.scored (#36)
+SCHEMA_VERSION = f"{SCHEMA_MAJOR}.4"
 
 REDACTIONS_HELP = "secrets replaced by a [REDACTED:<detector>] placeholder before publishing (since 1.1)"
 

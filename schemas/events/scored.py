@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field
 
-from schemas.bounded import Count, JsonDict, Logprobs, Score, StepCount, TokenIds
+from schemas.bounded import Count, Id, JsonDict, Logprobs, Score, StepCount, TokenIds
 from schemas.events.agent import StepAction
 from schemas.events.envelope import EventBase
 from schemas.limits import MAX_STEPS
@@ -34,6 +34,11 @@ class ScoredStep(StepAction):
     prompt_token_ids: TokenIds | None = None
     prompt_delta_start: Count | None = None
     token_continuity: Literal["first", "ok", "broken"] | None = None
+    tokenizer_hash: Id | None = Field(
+        None,
+        description="the recording server's tokenizer and chat template (see StepRecorded); the GRPO "
+        "builder leaves out steps recorded under another tokenizer than the training base's (since 1.4)",
+    )
     event_id: str | None = Field(None, description="the step.recorded event this step came from")
     layers: list[str] = Field(
         default_factory=list,

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.bounded import Count, JsonDict
+from schemas.bounded import Count, Id, JsonDict
 from schemas.events.envelope import EventBase
 
 
@@ -42,6 +42,16 @@ class PolicyUpdated(EventBase):
     policy_version: str
     previous_version: str | None = None
     base_model: str = ""
+    base_model_id: Id = Field(
+        "",
+        description="id of the base weights and config it was trained on (clients.base_model.base_model_id; "
+        "'' = unknown); a policy server on another base refuses the version (since 1.4)",
+    )
+    tokenizer_hash: Id = Field(
+        "",
+        description="hash of the base's tokenizer and chat template (clients.base_model.tokenizer_hash; "
+        "'' = unknown), as recorded on every sampled step (since 1.4)",
+    )
     checkpoint_path: str = ""
     method: str = ""
     step: Count = 0

@@ -78,6 +78,7 @@ STEP_FIELDS = (
     "prompt_token_ids",
     "prompt_delta_start",
     "token_continuity",
+    "tokenizer_hash",
 )
 STARTED_FIELDS = (
     "task_id",

@@ -17,6 +17,7 @@ UPDATE = PolicyUpdated(
     checkpoint_path="/c/v3", batch_ids=["b1", "b2"], metrics={"loss": 0.25, "ess": 0.8, "tokens": 900.0},
     source_ranges={"trajectory.scored": {"0": [10, 19], "1": [3, 7]}}, trajectory_ids=["t1"],
     behaviour_versions=["v1", "v2"], staleness_histogram={"0": 3, "1": 2}, dropped_groups=4,
+    base_model_id="0123abcd0123abcd", tokenizer_hash="feedfacefeedface",
 )  # fmt: skip
 
 
@@ -41,6 +42,7 @@ def test_policy_updated_gives_a_policy_versions_row_with_its_lineage():
     assert row["staleness_histogram"] == {"0": 3, "1": 2} and row["dropped_groups"] == 4
     assert row["metrics"]["tokens"] == 900.0 and (row["loss"], row["ess"]) == (0.25, 0.8)
     assert row["kl"] is None and row["is_ratio_mean"] is None  # absent, never a made-up 0
+    assert (row["base_model_id"], row["tokenizer_hash"]) == ("0123abcd0123abcd", "feedfacefeedface")
 
 
 def test_lineage_report_counts_steps_per_producing_version_and_binds_input():

@@ -1,4 +1,5 @@
-"""The assembler carries each step's recorded token fields and event id into `trajectory.scored`."""
+"""The assembler carries each step's recorded token fields (tokenizer hash included) and event id into
+`trajectory.scored`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ def test_scored_steps_carry_prompt_deltas_continuity_and_event_ids_through_the_s
     started, steps, ended, rewards = trajectory()
     tokens = [
         {"token_ids": [10 + i], "logprobs": [-0.5], "prompt_token_ids": [i, i + 1],
-         "prompt_delta_start": 0 if i == 0 else 2 * i, "token_continuity": "first" if i == 0 else "ok"}
+         "prompt_delta_start": 0 if i == 0 else 2 * i, "token_continuity": "first" if i == 0 else "ok",
+         "tokenizer_hash": f"tok{i}"}
         for i in range(len(steps))
     ]  # fmt: skip
     steps = [s.model_copy(update=t) for s, t in zip(steps, tokens, strict=True)]
@@ -26,6 +28,7 @@ def test_scored_steps_carry_prompt_deltas_continuity_and_event_ids_through_the_s
     for step, event, t in zip(scored.steps, steps, tokens, strict=True):
         assert step.event_id == event.event_id
         assert step.prompt_token_ids == t["prompt_token_ids"] and step.token_ids == t["token_ids"]
+        assert step.tokenizer_hash == t["tokenizer_hash"]  # the GRPO builder checks it (since 1.4)
         assert (step.prompt_delta_start, step.token_continuity) == (
             t["prompt_delta_start"],
             t["token_continuity"],
