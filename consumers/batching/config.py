@@ -81,6 +81,12 @@ class BatchBuilderConfig:
     group_id: str = option("agentstream-trainer", "Kafka consumer group (offsets)")
     format: Literal["jsonl", "parquet"] = option("jsonl", "batch file format")
     tokenizer: str | None = option(None, "tokenizer directory, or 'tiny', for sft_tokenized rows")
+    base_model: str = option(
+        "tiny",
+        "the training base: a local model directory, or 'tiny'; GRPO leaves out steps recorded under "
+        "another tokenizer. One setting with `agentstream policy` and `agentstream train` "
+        "(docs/operations.md, One base model)",
+    )
     idle_exit_s: float | None = option(None, "exit after this long idle with nothing due (backfills)")
     poll_timeout_ms: int = 200
     max_records: int = 500

@@ -22,6 +22,7 @@ from typing import Any
 
 from clients.kafka import ensure_topics, make_consumer, make_producer
 from clients.kafka.consume import ConsumeLoop, LoopConfig, Refused, assign_from_committed
+from consumers.batching.base_tokenizer import BaseTokenizerHash
 from consumers.batching.batch_writer import BatchStore, Recovered
 from consumers.batching.config import BatchBuilderConfig
 from consumers.batching.planner import PlannedBatch, Planner
@@ -73,7 +74,8 @@ class BatchBuilder:
         self.store = BatchStore(options.data_dir)
         recovered = self.store.recover()
         ids, hashes = known_state(recovered)
-        self.planner = Planner(options.planner, ids, hashes, tokenizer)
+        base = BaseTokenizerHash(options.base_model, options.data_dir)  # GRPO's check: loaded when needed
+        self.planner = Planner(options.planner, ids, hashes, tokenizer, base)
         self._unpublished = recovered.unpublished
         self._stop = False
 

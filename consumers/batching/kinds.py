@@ -41,31 +41,45 @@ class BatchContext:
 
 
 @dataclass(frozen=True)
+class Resources:
+    """What builders are made with beyond their options (the batch builder provides them at start)."""
+
+    tokenizer: Any = None  # sft_tokenized renders and tokenizes with it
+    base_tokenizer_hash: Callable[[], str] | None = None  # GRPO: the training base's (None: not checked)
+
+
+def _no_report(_builder: Any) -> dict[str, int]:
+    return {}
+
+
+@dataclass(frozen=True)
 class BatchKind:
     """One kind of training batch.
 
-    `make(config, tokenizer)` builds its builder once per planner; `eligible(builder, trajectory,
+    `make(config, resources)` builds its builder once per planner; `eligible(builder, trajectory,
     context)` admits a trajectory; `rows(builder, trajectories, context)` builds a batch (grouped
-    kinds get one task group at a time); `settings(config)` is the manifest's `builder_config`.
+    kinds get one task group at a time); `settings(config)` is the manifest's `builder_config`, to
+    which `report(builder)` adds the builder's counts since the previous batch.
     """
 
     name: str
     method: str  # the loss `agentstream train` uses on these rows: sft, dpo or grpo
     description: str
-    make: Callable[[PlannerConfig, Any], Any]
+    make: Callable[[PlannerConfig, Resources], Any]
     settings: Callable[[PlannerConfig], dict[str, Any]]
     eligible: Callable[[Any, TrajectoryScored, BatchContext], bool]
     rows: Callable[[Any, list[TrajectoryScored], BatchContext], Rows]
+    report: Callable[[Any], dict[str, int]] = _no_report
     grouped: bool = False  # gather groups of one task first (pairs and advantages need siblings)
     group_key: Callable[[TrajectoryScored], tuple[str, ...]] = lambda t: (t.task_id,)
     needs_tokenizer: bool = False
     follow_default: bool = False  # the kind `train --follow --method <method>` trains on by default
 
 
-def _tokenized(config: PlannerConfig, tokenizer: Any):
+def _tokenized(config: PlannerConfig, resources: Resources):
     from consumers.batching.tokenize import SFTTokenizedBuilder
 
-    return SFTTokenizedBuilder(tokenizer, config.sft)
+    return SFTTokenizedBuilder(resources.tokenizer, config.sft)
 
 
 def _has_reward(_builder: Any, t: TrajectoryScored, _context: BatchContext) -> bool:
@@ -94,7 +108,7 @@ KINDS: dict[str, BatchKind] = {
     for kind in (
         BatchKind(
             "sft", "sft", "TRL conversational rows (messages + tools) of successful trajectories",
-            make=lambda c, _tok: SFTBuilder(c.sft), settings=_sft_settings,
+            make=lambda c, _res: SFTBuilder(c.sft), settings=_sft_settings,
             eligible=lambda b, t, _ctx: b.eligible(t), rows=_build, follow_default=True,
         ),
         BatchKind(
@@ -104,20 +118,20 @@ KINDS: dict[str, BatchKind] = {
         ),
         BatchKind(
             "dpo", "dpo", "trajectory-level preference pairs of one task (prompt/chosen/rejected)",
-            make=lambda c, _tok: DPOPairBuilder(c.dpo), settings=_dpo_settings,
+            make=lambda c, _res: DPOPairBuilder(c.dpo), settings=_dpo_settings,
             eligible=_has_reward, rows=_build, grouped=True,
         ),
         BatchKind(
             "dpo_step", "dpo", "step-level pairs: shared history, one diverging assistant turn",
-            make=lambda c, _tok: StepPairBuilder(c.dpo), settings=_dpo_settings,
+            make=lambda c, _res: StepPairBuilder(c.dpo), settings=_dpo_settings,
             eligible=_has_reward, rows=_build, grouped=True, follow_default=True,
         ),
         BatchKind(
             "grpo", "grpo", "groups of one task with GRPO / RLOO advantages",
-            make=lambda c, _tok: GRPOGroupBuilder(c.grpo),
+            make=lambda c, res: GRPOGroupBuilder(c.grpo, res.base_tokenizer_hash),
             settings=lambda c: c.grpo.to_dict() | _group_settings(c),
             eligible=lambda b, t, ctx: b.eligible(t, ctx.current_policy),
-            rows=lambda b, ts, ctx: b.build(ts, complete=ctx.complete),
+            rows=lambda b, ts, ctx: b.build(ts, complete=ctx.complete), report=lambda b: b.take_left_out(),
             grouped=True, group_key=lambda t: (t.task_id, t.group_id or ""), follow_default=True,
         ),
     )

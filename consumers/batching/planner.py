@@ -13,7 +13,8 @@ held up to `group_definition_wait_s` (later revisions of its members replace the
 judge score), then built from the members of its most common definition (`split_by_definition`);
 the others are left out, logged and counted in the batch's `builder_config`
 (`left_out_by_definition`, with `reward_definitions`). A group left with fewer than
-`min_group_size` members is dropped whole (counted too).
+`min_group_size` members is dropped whole (counted too). A kind's own counts since the previous
+batch (`BatchKind.report`, e.g. GRPO's `left_out_by_tokenizer`) go in the same place.
 
 `commit_positions` gives, per partition, the offset that is safe to commit: the lowest offset still
 pending in any lane, or everything consumed when nothing is pending there. After a crash, replay from
@@ -23,6 +24,7 @@ there rebuilds the pending state, and trajectories already in a manifest are ski
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,7 +32,7 @@ from consumers.batching.builders.common import sorted_versions
 from consumers.batching.builders.dedup import content_hash
 from consumers.batching.builders.groups import Group, GroupCollector, Member
 from consumers.batching.config import PlannerConfig
-from consumers.batching.kinds import KINDS, BatchContext
+from consumers.batching.kinds import KINDS, BatchContext, Resources
 from schemas.events import PolicyUpdated, TrajectoryScored
 from schemas.policy_versions import newer
 from schemas.records import Record
@@ -186,7 +188,8 @@ class Lane:
     def batch(self, entries: list[Entry]) -> PlannedBatch:
         trajectories = [e.trajectory for e in entries]
         rows = self.spec.rows(self.builder, trajectories, self.planner.context())
-        return PlannedBatch(self.kind, rows, entries, self.spec.settings(self.planner.config))
+        settings = self.spec.settings(self.planner.config) | self.spec.report(self.builder)
+        return PlannedBatch(self.kind, rows, entries, settings)
 
     def committed(self, batch: PlannedBatch) -> None:
         self.done.update(e.trajectory.trajectory_id for e in batch.entries)
@@ -327,7 +330,7 @@ class GroupLane(Lane):
         definitions = {
             "reward_definitions": sorted({m.trajectory.definition() for g in groups for m in g.members}),
             "left_out_by_definition": self.left_out,
-        }
+        } | self.spec.report(self.builder)  # e.g. GRPO's steps left out for their tokenizer
         self.left_out = 0
         extra = {
             "groups": len(groups),
@@ -356,13 +359,15 @@ class Planner:
         known_ids: dict[str, set[str]] | None = None,
         known_hashes: dict[str, dict[str, str]] | None = None,
         tokenizer: Any = None,
+        base_tokenizer_hash: Callable[[], str] | None = None,
     ):
         needing = [k for k in config.kinds if KINDS[k].needs_tokenizer]
         if needing and tokenizer is None:
             raise ValueError(f"kinds: {needing[0]!r} needs a tokenizer (got None)")
         self.config = config
         self.tokenizer = tokenizer
-        self.builders = {kind: KINDS[kind].make(config, tokenizer) for kind in config.kinds}
+        resources = Resources(tokenizer, base_tokenizer_hash)
+        self.builders = {kind: KINDS[kind].make(config, resources) for kind in config.kinds}
         self.current_update: PolicyUpdated | None = None  # the current policy (schemas.policy_versions)
         self.lanes: dict[str, Lane] = {kind: self._lane(kind) for kind in config.kinds}
         self.other_versions: dict[str, int] = {}  # reward version -> trajectories skipped for it

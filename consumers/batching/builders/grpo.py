@@ -16,6 +16,12 @@
   `behaviour_logprobs` (consumers/batching/token_rows.py), no re-tokenisation; broken steps are not
   trained. A trajectory without token ids is left to SFT/DPO unless `retokenize` (message rows,
   re-tokenised by the trainer: not token-faithful). A trajectory with no trainable token gives no row.
+- One base: token ids mean something only to the tokenizer that made them. With the training base's
+  tokenizer hash given (`base_tokenizer.BaseTokenizerHash`, from `--base-model`), a trajectory with a
+  step recorded under another `tokenizer_hash` is left out of its group before the advantages (no
+  row), logged, and counted: `take_left_out()` gives the steps (`left_out_by_tokenizer`) and
+  trajectories left out since the last batch, which the batch records in its `builder_config`. A step
+  that names no tokenizer (recorded elsewhere, or before 1.4) is not checked.
 - No horizon cut here: the ScalingInter-RL horizon is enforced by the rollout driver while the
   episode runs (`agentstream rollout --horizon`), so a row keeps every step of its trajectory and the
   reward is judged on what the agent did.
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -160,9 +167,13 @@ def is_fresh(trajectory: TrajectoryScored, current_policy: str | None, config: G
 class GRPOGroupBuilder:
     """Rows of one group: one per trajectory, with its advantage."""
 
-    def __init__(self, config: GRPOGroupConfig | None = None):
+    def __init__(
+        self, config: GRPOGroupConfig | None = None, base_tokenizer_hash: Callable[[], str] | None = None
+    ):
         self.config = config or GRPOGroupConfig()
         self._unmeasured: set[tuple[str | None, str | None]] = set()  # (version, current) logged
+        self.base_tokenizer_hash = base_tokenizer_hash  # None: recorded tokenizers are not checked
+        self._left_out = {"left_out_by_tokenizer": 0, "left_out_by_tokenizer_trajectories": 0}
 
     def eligible(self, trajectory: TrajectoryScored, current_policy: str | None = None) -> bool:
         return (
@@ -190,6 +201,10 @@ class GRPOGroupBuilder:
         """One row per trajectory, every step kept: the horizon is the rollout driver's, enforced
         while the episode runs (see the module docstring)."""
         group = sorted(group, key=lambda t: t.trajectory_id)
+        kept = self._same_tokenizer(group)
+        group, complete = kept, complete and len(kept) == len(group)
+        if not group:
+            return []
         rewards = [reward_of(t) or 0.0 for t in group]
         if self.config.drop_zero_std and len(set(rewards)) <= 1:
             return []
@@ -200,6 +215,33 @@ class GRPOGroupBuilder:
             for i, t in enumerate(group)
         ]
         return [row for row in rows if row is not None]
+
+    def _same_tokenizer(self, group: list[TrajectoryScored]) -> list[TrajectoryScored]:
+        """The members with no step recorded under another tokenizer than the training base's; the
+        others are counted and logged. The base's hash is asked for only when a step names one."""
+        recorded = {t.trajectory_id: [s.tokenizer_hash for s in t.steps if s.tokenizer_hash] for t in group}
+        if self.base_tokenizer_hash is None or not any(recorded.values()):
+            return group
+        base = self.base_tokenizer_hash()
+        foreign = {tid: [h for h in hashes if h != base] for tid, hashes in recorded.items()}
+        out = [t for t in group if foreign[t.trajectory_id]]
+        if out:
+            steps = sum(len(foreign[t.trajectory_id]) for t in out)
+            self._left_out["left_out_by_tokenizer"] += steps
+            self._left_out["left_out_by_tokenizer_trajectories"] += len(out)
+            log.warning(  # a recorded hash is input: repr keeps it on one line
+                "grpo: group %s: %d of %d trajectories left out (%d steps recorded with tokenizer %s, "
+                "not the training base's %s: check --base-model / AGENTSTREAM_BASE_MODEL)",
+                group[0].group_id or group[0].task_id, len(out), len(group), steps,
+                ", ".join(sorted({repr(h) for t in out for h in foreign[t.trajectory_id]})), base,
+            )  # fmt: skip
+        return [t for t in group if not foreign[t.trajectory_id]]
+
+    def take_left_out(self) -> dict[str, int]:
+        """Steps (`left_out_by_tokenizer`) and trajectories left out for their tokenizer since the
+        last call; the counters restart at 0."""
+        counts, self._left_out = self._left_out, dict.fromkeys(self._left_out, 0)
+        return counts
 
     def _row(self, t: TrajectoryScored, advantage, step_adv, size, complete) -> dict[str, Any] | None:
         kept = ordered_steps(t)
