@@ -27,6 +27,7 @@ def option(
     *,
     flag: str | None = None,
     env: str | None = None,
+    old_env: str | None = None,
     ge: float | None = None,
     gt: float | None = None,
     le: float | None = None,
@@ -40,7 +41,7 @@ def option(
     >>> C.__dataclass_fields__["batch_rows"].metadata["help"], C().batch_rows
     ('flush after this many rows', 5000)
     """
-    named = {"flag": flag, "env": env}
+    named = {"flag": flag, "env": env, "old_env": old_env}  # old_env: renamed, read for one release
     metadata: dict[str, Any] = {"help": help, **{k: v for k, v in named.items() if v}}
     bounds = {k: v for k, v in {"ge": ge, "gt": gt, "le": le}.items() if v is not None}
     if bounds:

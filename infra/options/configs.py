@@ -8,7 +8,8 @@ A config is a dataclass whose fields carry their own help (TRL style):
 
 Field metadata:
 - `help` (required to appear on the command line; fields without it are not options),
-- `flag` (default `--batch-rows`), `env` (default `AGENTSTREAM_BATCH_ROWS`), `choices`,
+- `flag` (default `--batch-rows`), `env` (default `AGENTSTREAM_BATCH_ROWS`), `old_env` (a renamed
+  variable, still read with a note for one release), `choices`,
 - `prefix` on a field whose type is itself a config dataclass: its fields become options named
   `--<prefix><name>` (e.g. `dpo-` gives `--dpo-min-margin`), and it is rebuilt from them.
 
@@ -50,6 +51,8 @@ def add_config_options(parser: argparse.ArgumentParser, cls: type, prefix: str =
         default = _default(spec)
         kw: dict[str, Any] = {"help": spec.metadata["help"], "dest": _dest(spec, prefix)}
         kw["env"] = spec.metadata.get("env") or ENV_PREFIX + kw["dest"].upper()
+        if spec.metadata.get("old_env"):  # a renamed variable, still read (with a note) for one release
+            kw["old_env"] = spec.metadata["old_env"]
         if spec.metadata.get("choices") or choices:
             kw["choices"] = spec.metadata.get("choices") or choices
         if base is bool:
