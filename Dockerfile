@@ -5,6 +5,7 @@ WORKDIR /app
 RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md ./
 COPY schemas ./schemas
+COPY clients ./clients
 COPY producers ./producers
 COPY streams ./streams
 COPY consumers ./consumers

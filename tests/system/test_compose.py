@@ -1,18 +1,62 @@
-"""docker-compose.yml for the at-scale path: structure checked always; the engine part skips without one."""
+"""docker-compose.yml for the at-scale path: the services, the learning loop (policy server, executor,
+rollout driver, console; vLLM under the `vllm` profile, the judge under `judge`), and every service's
+command parsed and validated by the CLI itself under the service's own environment. A compose client
+(`docker compose` or Debian's `docker-compose`) validates the file where one exists; without one that
+part skips, saying why."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 import shutil
 import subprocess
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
+from consumers.batching.config import BatchBuilderConfig
+from consumers.training.config import TrainRunConfig
 from infra.cli.main import build_parser
+from infra.commands import batch_train
+from infra.console.config import ConsoleConfig
+from infra.options.configs import config_from_args, config_from_settings
+from infra.options.env import apply_env_defaults
+from producers.policy.requests import PolicyConfig
+from producers.rollout.driver import RolloutConfig
+from schemas.errors import AgentstreamError
 from tests.support.processes import REPO
 
 COMPOSE = REPO / "docker-compose.yml"
-AGENTSTREAM_SERVICES = {"worker", "judge", "sink", "batch", "gateway", "migrate", "topics"}
+LOOP = {"policy", "executor", "rollout", "console", "batch", "worker", "sink"}
+PROFILES = ("judge", "vllm")
+# What a user sets, as docs/operations.md ("At scale") says: a real base, the keys, vLLM in front.
+POLICY_KEY = "policy-key-for-the-rollout-driver"
+DOCUMENTED = {
+    "AGENTSTREAM_BASE_MODEL": "/models/qwen2.5-0.5b",
+    "AGENTSTREAM_POLICY_API_KEY": POLICY_KEY,
+    "AGENTSTREAM_POLICY_API_KEY_HASHES": hashlib.sha256(POLICY_KEY.encode()).hexdigest(),
+    "AGENTSTREAM_GATEWAY_API_KEY_HASHES": hashlib.sha256(b"gateway-key").hexdigest(),
+    "AGENTSTREAM_EXPECT_JUDGE": "true",
+    "ANTHROPIC_API_KEY": "sk-ant-test",
+}
+_VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+
+
+def interpolate(value, env: dict[str, str]):
+    """Compose's `${NAME}` / `${NAME:-default}` (default when unset or empty), through lists and maps."""
+    if isinstance(value, str):
+        return _VARIABLE.sub(lambda m: env.get(m[1]) or (m[2] or ""), value)
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    return value
+
+
+def services_for(env: dict[str, str]) -> dict[str, dict]:
+    return interpolate(yaml.safe_load(COMPOSE.read_text()), env)["services"]
 
 
 @pytest.fixture(scope="module")
@@ -20,15 +64,24 @@ def compose() -> dict:
     return yaml.safe_load(COMPOSE.read_text())
 
 
+@pytest.fixture(scope="module")
+def services() -> dict[str, dict]:
+    return services_for(DOCUMENTED)
+
+
+def agentstream_services(services: dict[str, dict]) -> list[str]:
+    return sorted(name for name, s in services.items() if s.get("image") == "agentstream:local")
+
+
 def test_services_images_and_kraft(compose):
     services = compose["services"]
-    assert AGENTSTREAM_SERVICES | {"kafka", "clickhouse"} <= set(services)
+    assert LOOP | {"judge", "gateway", "migrate", "topics", "vllm", "kafka", "clickhouse"} <= set(services)
     kafka = services["kafka"]
     assert kafka["image"].startswith("apache/kafka:")
     assert "controller" in kafka["environment"]["KAFKA_PROCESS_ROLES"]  # KRaft, no ZooKeeper
     assert services["clickhouse"]["image"].startswith("clickhouse/clickhouse-server:")
     assert services["worker"]["deploy"]["replicas"] >= 2
-    for name in ("kafka", "clickhouse", "gateway"):
+    for name in ("kafka", "clickhouse", "gateway", "policy", "vllm"):
         assert "healthcheck" in services[name], name
     assert {"kafka-data", "clickhouse-data", "agentstream-data"} <= set(compose["volumes"])
 
@@ -39,20 +92,145 @@ def test_published_ports_bind_loopback_only(compose):
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond 127.0.0.1"
 
 
-def test_agentstream_services_are_configured_by_environment(compose):
-    for name in AGENTSTREAM_SERVICES - {"topics"}:
-        env = compose["services"][name]["environment"]
+def test_agentstream_services_are_configured_by_environment(services):
+    for name in set(agentstream_services(services)) - {"topics"}:
+        env = services[name]["environment"]
         assert env["AGENTSTREAM_BOOTSTRAP_SERVERS"] == "kafka:9092", name
         assert env["AGENTSTREAM_CLICKHOUSE_URL"] == "http://clickhouse:8123", name
-    assert compose["services"]["judge"]["environment"]["ANTHROPIC_API_KEY"].startswith("${")
+    assert services["judge"]["environment"]["ANTHROPIC_API_KEY"] == "sk-ant-test"
 
 
-def test_every_service_command_is_a_real_cli_command(compose):
-    parser = build_parser()
-    for name in AGENTSTREAM_SERVICES:
-        command = compose["services"][name]["command"]
-        assert command[0] == "agentstream", name
-        parser.parse_args(command[1:])  # exits (SystemExit) on an unknown command or option
+def test_the_loop_runs_on_the_built_in_engine_by_default_and_on_one_base(compose):
+    default = services_for({})
+    assert "profiles" not in default["policy"] and "--upstream" not in " ".join(default["policy"]["command"])
+    assert default["policy"]["environment"]["AGENTSTREAM_POLICY_UPSTREAM"] == ""  # built-in engine
+    assert default["executor"]["command"][1:3] == ["train", "--follow"]
+    defaults = {default[n]["environment"]["AGENTSTREAM_BASE_MODEL"] for n in ("policy", "executor", "batch")}
+    assert defaults == {"tiny"}
+    services = services_for(DOCUMENTED)
+    bases = {services[n]["environment"]["AGENTSTREAM_BASE_MODEL"] for n in ("policy", "executor", "batch")}
+    assert bases == {DOCUMENTED["AGENTSTREAM_BASE_MODEL"]}
+    assert f"--model={DOCUMENTED['AGENTSTREAM_BASE_MODEL']}" in services["vllm"]["command"]
+
+
+def _option(command: list[str], flag: str) -> str:
+    for i, word in enumerate(command):
+        if word == flag:
+            return command[i + 1]
+        if word.startswith(flag + "="):
+            return word.split("=", 1)[1]
+    raise AssertionError(f"{flag} not in {command}")
+
+
+def test_the_rollout_driver_reaches_the_policy_server_with_its_key(services):
+    policy, rollout = services["policy"], services["rollout"]
+    url = urlsplit(_option(rollout["command"], "--policy-url"))
+    assert (url.hostname, url.port) == ("policy", int(_option(policy["command"], "--port")))
+    assert url.hostname in policy["environment"]["AGENTSTREAM_POLICY_ALLOWED_HOSTS"].split(",")
+    assert rollout["environment"]["AGENTSTREAM_ROLLOUT_API_KEY"] == POLICY_KEY
+    assert rollout["depends_on"]["policy"]["condition"] == "service_healthy"
+    assert "--forever" in rollout["command"]
+
+
+def test_vllm_profile_runs_on_gpus_behind_the_proxy_and_sees_the_checkpoints(services):
+    vllm, policy = services["vllm"], services["policy"]
+    assert vllm["profiles"] == ["vllm"] and vllm["image"].startswith("vllm/vllm-openai:")
+    (device,) = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert device["capabilities"] == ["gpu"]
+    assert (
+        "--enable-lora" in vllm["command"]
+        and vllm["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    )
+    # the proxy hands vLLM its checkpoint paths: the same volume at the same place in both
+    data = {v.split(":")[0]: v.split(":")[1] for v in policy["volumes"]}
+    assert data["agentstream-data"] == "/data" and "agentstream-data:/data:ro" in vllm["volumes"]
+    # the upstream the file's header and the docs tell a user to set is this vLLM
+    documented = re.findall(
+        r"AGENTSTREAM_POLICY_UPSTREAM=(\S+)",
+        COMPOSE.read_text() + (REPO / "docs" / "operations.md").read_text(),
+    )
+    assert len(documented) >= 2, documented
+    for url in map(urlsplit, documented):
+        assert (url.hostname, url.port) == ("vllm", int(_option(vllm["command"], "--port"))), url
+
+
+def test_the_judge_profile_makes_the_workers_expect_the_judge(compose):
+    assert compose["services"]["judge"]["profiles"] == ["judge"]
+    assert services_for({})["worker"]["environment"]["AGENTSTREAM_EXPECT_JUDGE"] == "false"
+    assert services_for(DOCUMENTED)["worker"]["environment"]["AGENTSTREAM_EXPECT_JUDGE"] == "true"
+
+
+# --- every command, as the CLI would run it ------------------------------------------------------
+
+CONFIGS = {  # handler -> the config it builds (its __post_init__ validates the options)
+    "run_policy": lambda args: config_from_args(PolicyConfig, args).check_exposure(args.host),
+    "run_train": lambda args: batch_train._config(TrainRunConfig, args),
+    "run_batch": lambda args: batch_train._config(BatchBuilderConfig, args),
+    "run_rollout": lambda args: config_from_args(RolloutConfig, args),
+    "run_console": lambda args: config_from_settings(ConsoleConfig, args),
+}
+
+
+def check_command(command: list[str], environment: dict[str, str], monkeypatch) -> str:
+    """Parse `command` with the CLI's parser under exactly `environment`, and build the config its
+    handler would build (the loop's commands); returns the handler's name. Raises (SystemExit from
+    argparse, or the config's error) where the CLI would refuse it."""
+    assert command[0] == "agentstream", command
+    with monkeypatch.context() as m:
+        for name in [n for n in os.environ if n.startswith("AGENTSTREAM_")]:
+            m.delenv(name)
+        for name, value in environment.items():
+            m.setenv(name, str(value))
+        parser = build_parser()
+        args = parser.parse_args(command[1:])
+        apply_env_defaults(parser, args)
+        handler = args._handler.__name__
+        if handler in CONFIGS:
+            CONFIGS[handler](args)
+    return handler
+
+
+def test_every_service_command_is_a_real_cli_command_with_valid_options(services, monkeypatch):
+    handlers = {}
+    for name in agentstream_services(services):
+        service = services[name]
+        handlers[name] = check_command(service["command"], service.get("environment", {}), monkeypatch)
+    loop = {name: handlers[name] for name in ("policy", "executor", "batch", "rollout", "console")}
+    assert set(loop.values()) <= set(CONFIGS), loop  # the loop's configs were built and validated
+
+
+@pytest.mark.parametrize(
+    ("command", "environment"),
+    [
+        (["agentstream", "train"], {}),  # neither --follow nor --batch
+        (["agentstream", "policy", "--no-such-option"], {}),
+        (["agentstream", "policy", "--host", "0.0.0.0"], {}),  # exposed without API keys
+        (["agentstream", "console", "--host", "0.0.0.0"], {}),
+        (["agentstream", "batch"], {"AGENTSTREAM_KINDS": "grpo,ppo"}),  # an unknown kind
+        (["agentstream", "no-such-command"], {}),
+    ],
+)
+def test_the_command_check_refuses_what_the_cli_refuses(command, environment, monkeypatch):
+    with pytest.raises((SystemExit, AgentstreamError)):
+        check_command(command, environment, monkeypatch)
+
+
+def test_the_policy_server_needs_its_keys_in_compose(monkeypatch):
+    policy = services_for({})["policy"]  # nothing set: it refuses to start (and says why)
+    with pytest.raises(AgentstreamError, match="needs API keys"):
+        check_command(policy["command"], policy["environment"], monkeypatch)
+
+
+def test_the_image_holds_every_package(compose):
+    """The Dockerfile copies every top-level package pyproject installs (a missing one breaks every
+    service at import)."""
+    text = (REPO / "pyproject.toml").read_text()
+    packages = re.findall(r'"(\w+)\*"', text.split("[tool.setuptools.packages.find]", 1)[1].split("\n\n")[0])
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", (REPO / "Dockerfile").read_text(), flags=re.MULTILINE))
+    assert packages and set(packages) <= copied, set(packages) - copied
+
+
+# --- a compose client, where one exists --------------------------------------------------------
 
 
 def _compose_cli() -> tuple[list[str] | None, list[str]]:
@@ -73,12 +251,27 @@ def _compose_cli() -> tuple[list[str] | None, list[str]]:
     return None, why_not
 
 
-def test_docker_compose_config_accepts_the_file():
+@pytest.fixture(scope="module")
+def compose_cli() -> list[str]:
     # A `docker` CLI without its compose plugin (as Debian's docker.io ships it) cannot check the file.
     cli, why_not = _compose_cli()
     if cli is None:
         pytest.skip("no Docker compose client on this machine: " + "; ".join(why_not))
+    return cli
+
+
+@pytest.mark.parametrize("env", [{}, DOCUMENTED], ids=["defaults", "documented"])
+def test_docker_compose_config_accepts_the_file_and_resolves_it_as_the_checks_do(compose_cli, env):
+    profiles = [word for p in PROFILES for word in ("--profile", p)]
     result = subprocess.run(
-        [*cli, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, cwd=REPO
-    )
+        [*compose_cli, "-f", str(COMPOSE), *profiles, "config"],
+        capture_output=True, text=True, cwd=REPO, env={"PATH": os.environ["PATH"], **env},
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)["services"]
+    ours = services_for(env)
+    assert set(resolved) == set(ours)
+    for name, service in ours.items():  # the commands and environments checked above are these
+        for key in ("command", "environment"):
+            if key in service:
+                assert resolved[name][key] == service[key], (name, key)
