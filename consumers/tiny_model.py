@@ -1,8 +1,16 @@
 """A tiny causal LM built locally: a byte-level BPE tokenizer trained on the spot and a 2-layer
 Qwen2 model from a config. No downloads. Used by tests, benchmarks and `--base-model tiny`.
 
-The chat template is ChatML with `{% generation %}` markers (so TRL's assistant-only loss works)
-and renders OpenAI `tool_calls` and `tool` turns.
+Two chat templates, both ChatML with `{% generation %}` markers (so TRL's assistant-only loss works):
+
+- `CHAT_TEMPLATE` (the default, `chat_template="chatml"`): the project's own minimal one; tools as one
+  JSON list in a system turn, tool calls as `<tool_call>{...}</tool_call>`, tool results as `tool` turns.
+- `TOOLS_CHAT_TEMPLATE` (`chat_template="tools"`): written by the team with the structure of the
+  common open-weight tool-calling templates (Hermes / Qwen2.5 style): a system block that lists each
+  tool as JSON inside `<tools></tools>` with an instruction on how to call one, assistant tool calls
+  re-rendered from the parsed message as `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`
+  (the arguments as an object through `tojson`, so spacing and key order are the template's, not the
+  model's), and tool results as their own user turns wrapping `<tool_response></tool_response>`.
 """
 
 from __future__ import annotations
@@ -34,6 +42,43 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant{{ '\\n' }}{% endif %}"
 )
 
+TOOLS_CHAT_TEMPLATE = (
+    # Newlines right after a block tag are dropped (trim_blocks), so those are written {{ '\n' }}.
+    "{% set system = messages[0]['content'] if messages and messages[0]['role'] == 'system' else none %}"
+    "{% if tools %}<|im_start|>system\n{{ system if system is not none else 'You are a helpful assistant.' }}"
+    "\n\n# Tools\n\nYou may call one or more of the functions below. Their signatures, as JSON, are "
+    "listed inside <tools></tools>:\n<tools>"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}"
+    "{{ '\\n' }}</tools>\n\nTo call a function, answer with a JSON object holding its name and its "
+    "arguments inside <tool_call></tool_call> tags, one tag per call:\n<tool_call>\n"
+    '{"name": <function name>, "arguments": <the arguments as a JSON object>}\n</tool_call><|im_end|>'
+    "{{ '\\n' }}"
+    "{% elif system is not none %}<|im_start|>system\n{{ system }}<|im_end|>{{ '\\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] == 'system' %}"  # rendered above
+    "{% elif message['role'] == 'assistant' %}<|im_start|>assistant\n"
+    "{% generation %}{{ message['content'] or '' }}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "{% set function = call['function'] if call['function'] is defined else call %}"
+    "{% if message['content'] or not loop.first %}{{ '\\n' }}{% endif %}"
+    '<tool_call>\n{"name": {{ function[\'name\'] | tojson }}, "arguments": '
+    "{% if function['arguments'] is string %}{{ function['arguments'] }}"
+    "{% else %}{{ function['arguments'] | tojson }}{% endif %}}\n</tool_call>"
+    "{% endfor %}<|im_end|>{% endgeneration %}{{ '\\n' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n' }}<tool_response>\n{{ message['content'] or '' }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>{{ '\\n' }}{% endif %}"
+    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] or '' }}<|im_end|>{{ '\\n' }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant{{ '\\n' }}{% endif %}"
+)
+"""The tool-calling template (see the module docstring). A string `arguments` is rendered as it is:
+the policy server parses JSON arguments into objects before rendering, as vLLM does."""
+
+CHAT_TEMPLATES = {"chatml": CHAT_TEMPLATE, "tools": TOOLS_CHAT_TEMPLATE}
+"""The built-in templates by the name `tiny_model_dir(chat_template=...)` takes."""
+
 BASE_CORPUS = [
     "You are an agent. Think, then call one tool per turn; observations come back as tool turns.",
     "Solve the task. List the files, read the file, run the tests, fix the bug, write the answer.",
@@ -53,9 +98,14 @@ Qwen2 config as `Qwen2Tokenizer`, which puts this split and NFC in front of the 
 training with the same pieces keeps the tokenizer in memory and the one loaded from disk identical."""
 
 
-def train_tokenizer(corpus: list[str] | None = None, vocab_size: int = 512) -> Any:
+def train_tokenizer(
+    corpus: list[str] | None = None, vocab_size: int = 512, chat_template: str = "chatml"
+) -> Any:
     """A byte-level BPE `PreTrainedTokenizerFast` trained on `corpus` (+ a small built-in corpus),
-    with Qwen2's normalizer and pre-tokenizer, so it encodes the same before and after a save."""
+    with Qwen2's normalizer and pre-tokenizer, so it encodes the same before and after a save.
+    `chat_template`: a name in `CHAT_TEMPLATES` (the vocabulary does not depend on it)."""
+    if chat_template not in CHAT_TEMPLATES:
+        raise ValueError(f"chat_template: expected one of {sorted(CHAT_TEMPLATES)}, got {chat_template!r}")
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -83,7 +133,7 @@ def train_tokenizer(corpus: list[str] | None = None, vocab_size: int = 512) -> A
         unk_token=None,
         additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = CHAT_TEMPLATES[chat_template]
     return fast
 
 
@@ -121,15 +171,19 @@ def build_model(
     return Qwen2ForCausalLM(config)
 
 
-def tiny_model_dir(data_dir: Path, corpus: list[str] | None = None, **model_kw: Any) -> Path:
-    """Build (once) and save the tiny model + tokenizer under `data_dir/models/tiny`; returns the path."""
-    path = Path(data_dir) / "models" / "tiny"
+def tiny_model_dir(
+    data_dir: Path, corpus: list[str] | None = None, chat_template: str = "chatml", **model_kw: Any
+) -> Path:
+    """Build (once) and save the tiny model + tokenizer under `data_dir/models/tiny` (`tiny-tools`
+    with `chat_template="tools"`: the same weights and vocabulary, the other template); returns the path."""
+    name = "tiny" if chat_template == "chatml" else f"tiny-{chat_template}"
+    path = Path(data_dir) / "models" / name
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
         return path
-    tokenizer = train_tokenizer(corpus)
+    tokenizer = train_tokenizer(corpus, chat_template=chat_template)
     model = build_model(tokenizer, **model_kw)
     # build beside it and rename: the consumer and the executor may both build it at first start
-    tmp = path.with_name(f"tiny.tmp-{os.getpid()}")
+    tmp = path.with_name(f"{name}.tmp-{os.getpid()}")
     tokenizer.save_pretrained(tmp)
     model.save_pretrained(tmp)
     try:
