@@ -12,8 +12,9 @@ import pytest
 
 from tests.support.broker import BrokerHandle, start_broker
 
-# The private Docker engine: the lazy `sandbox_engine` fixture, the `engine` marker, skips as failures in CI.
-pytest_plugins = ["tests.support.sandbox_engine"]
+# The private Docker engine: the lazy `sandbox_engine` fixture, the `engine` marker, skips as failures in CI;
+# a real vLLM: the module-scoped `vllm_server` fixture (marked `engine` the same way).
+pytest_plugins = ["tests.support.sandbox_engine", "tests.support.vllm_server"]
 
 
 def pytest_addoption(parser):
