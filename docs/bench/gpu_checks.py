@@ -11,7 +11,7 @@ still run) and logs a summary. Sections:
    with the tiny tokenizer (random weights, so every completion runs to max_tokens).
 2. engine: `LocalEngine(device=...)` on that model: seeded sampling reproducible, logprobs finite,
    `score` against the sampled logprobs, n=8 samples in one KV-cached batch, LoRA swaps with
-   `with_adapter` (load time, the base engine unchanged).
+   `with_checkpoint` (load time, the base engine unchanged).
 3. trainer: `TrainingExecutor` (LoRA, then full fine-tuning) on that model: SFT, DPO and GRPO step
    times on `bench trainer`'s rows, losses finite, a checkpoint saved, reloaded (logits, optimizer,
    state) and trained on, and its adapter loaded by `LocalEngine` (logprobs against the trainer's).
@@ -115,9 +115,9 @@ def engine(args, work: Path) -> dict:
         "n8_distinct": len({tuple(s.token_ids) for s in many}),
     }  # fmt: skip
     ckpts = [make_checkpoint(base, work / "ckpt", f"c{k}", seed=k + 1, scale=0.05) for k in (1, 2)]
-    swapped, swap_s = _timed(lambda: eng.with_adapter(ckpts[0], "c1"))
+    swapped, swap_s = _timed(lambda: eng.with_checkpoint(ckpts[0], "c1"))
     with_adapter = swapped.generate(prompt, params)[0]
-    other, other_s = _timed(lambda: eng.with_adapter(ckpts[1], "c2"))
+    other, other_s = _timed(lambda: eng.with_checkpoint(ckpts[1], "c2"))
     del swapped
     gc.collect()  # the first adapter is dropped at the next use of the shared model
     second = other.generate(prompt, params)[0]

@@ -115,8 +115,7 @@ def stack_config(config: LearnConfig, data_dir: Path, base: Path):
     from infra.stack import embedded_config
 
     env = {
-        "AGENTSTREAM_BASE_MODEL": str(base),  # the executor's
-        "AGENTSTREAM_POLICY_BASE_MODEL": str(base),  # the policy server's
+        "AGENTSTREAM_BASE_MODEL": str(base),  # the one base: policy server, executor, batch builder
         "AGENTSTREAM_KINDS": "grpo",
         "AGENTSTREAM_GROUP_SIZE": str(config.group_size),
         "AGENTSTREAM_BATCH_TRAJECTORIES": str(config.batch_trajectories),
@@ -201,7 +200,7 @@ def follow_versions(config: LearnConfig, stack, engine, heldout, curve: Curve) -
                 time.sleep(2)
                 continue
             done.add(current.policy_version)
-            version_engine = engine.with_adapter(Path(current.checkpoint_path), current.policy_version)
+            version_engine = engine.with_checkpoint(Path(current.checkpoint_path), current.policy_version)
             started = time.monotonic()
             _report(curve.add(_evaluate(version_engine, heldout, config)))
             last_eval_s = time.monotonic() - started

@@ -11,6 +11,9 @@ bodies to both (temperature 1, seed = request number), each on a new episode so 
 
 - serve rows: tokens/s and requests/s (medians over repeats), latency p50/p99/max (pooled), CPU
   ms of this process per call (recording: up to the broker's acknowledgement; flushed first).
+- batching: the serve rows' tokens/s per concurrency (recording off) as ratios to the lowest level;
+  target: at 8 at least 4x the rate at 1 (the engine decodes concurrent requests together; the
+  server runs `--workers` generation threads, by default as many as the highest concurrency).
 - overhead rows: recording on - off, paired per repeat; target < 2 ms per call at the lowest
   concurrency. "recording only" times `step_event` + `recorder.publish` alone, burst and paced.
 - reload rows: while clients run, `PolicyReloader.apply(PolicyUpdated)` switches between LoRA

@@ -129,7 +129,7 @@ def reload_summary(reloader, runs: list[dict]) -> dict:
         "switches_tried": sum(len(run["switches"]) for run in runs), "failures": list(reloader.failures),
         "switches_seen_by_clients": len(across),
         "rows": [
-            row("reload: load (with_adapter)", loads),
+            row("reload: load (with_checkpoint)", loads),
             row("reload: pause (swap)", pauses),
             row("reload: client gap across a switch", across, concurrency=clients),
             row("reload: client gap, same version", within, concurrency=clients),

@@ -98,3 +98,37 @@ def time_recording_only(service, calls: int, max_tokens: int, rate: float | None
         p50_ms=percentile(durations, 50), p99_ms=percentile(durations, 99), max_ms=max(durations),
         concurrency=1, cpu_ms_per_call=(time.process_time() - cpu) / calls * 1000,
     )  # fmt: skip
+
+
+TARGET_BATCHING_RATIO = 4.0  # tokens/s at concurrency 8 over tokens/s at concurrency 1 (issue #36)
+
+
+def batching_summary(rows: list[dict]) -> dict:
+    """The engine's batching as the serve rows show it (recording off): tokens/s per concurrency, each
+    level's ratio to the lowest, and the target (at 8, at least 4x the rate at 1) when both ran."""
+    rates = {row["concurrency"]: row["tokens_per_s"] for row in rows if row["recording"] == "off"}
+    lowest = min(rates)
+    summary = {
+        "tokens_per_s": rates,
+        "ratio_to_lowest": {level: rate / rates[lowest] for level, rate in rates.items()},
+        "target_ratio_at_8": TARGET_BATCHING_RATIO,
+    }
+    if lowest == 1 and 8 in rates:
+        summary["target_met"] = rates[8] / rates[1] >= TARGET_BATCHING_RATIO
+    return summary
+
+
+def batching_note(summary: dict) -> str:
+    import torch
+
+    rates = ", ".join(
+        f"{level}: {rate:.0f} ({summary['ratio_to_lowest'][level]:.2f}x)"
+        for level, rate in sorted(summary["tokens_per_s"].items())
+    )
+    verdict = {True: "met", False: "NOT met"}.get(summary.get("target_met"), "not measured (needs 1 and 8)")
+    return (
+        f"batching: tokens/s by concurrency, recording off (x the lowest): {rates}; target at 8 >= "
+        f"{summary['target_ratio_at_8']:g}x the rate at 1: {verdict}; torch threads: "
+        f"{torch.get_num_threads()} (OMP_NUM_THREADS; on a small shared machine 1 avoids the stalls of a "
+        "thread pool waiting for a busy core)"
+    )

@@ -1,4 +1,5 @@
-"""Loading from directories: the base model and its tokenizer, adapter files; device and dtype.
+"""Loading from directories: the base model and its tokenizer, checkpoints (a LoRA adapter or a
+full fine-tune, as the executor writes them), adapter files; device and dtype.
 
 torch / transformers / peft are imported inside the functions; nothing is downloaded.
 """
@@ -32,22 +33,45 @@ def resolve_dtype(dtype: str, device: str) -> Any:
     return getattr(torch, DTYPES[dtype])
 
 
-def load_base(path: Path, device: str, dtype: Any) -> tuple[Any, Any]:
-    """The model (eval mode, on `device`) and tokenizer saved in `path`."""
+def load_base(path: Path, device: str, dtype: Any, what: str = "base model") -> tuple[Any, Any]:
+    """The model (eval mode, on `device`) and tokenizer saved in `path`; errors name `what` and `path`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not path.is_dir():
-        raise EngineError(f"base model {path}: no such directory")
+        raise EngineError(f"{what} {path}: no such directory")
     if not (path / "config.json").is_file():
-        raise EngineError(f"base model {path}: no config.json")
+        raise EngineError(f"{what} {path}: no config.json")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except Exception as exc:
-        raise EngineError(f"base model {path}: cannot load: {one_line(exc)}") from exc
+        raise EngineError(f"{what} {path}: cannot load: {one_line(exc)}") from exc
     if tokenizer.chat_template is None:
-        raise EngineError(f"base model {path}: the tokenizer has no chat template")
+        raise EngineError(f"{what} {path}: the tokenizer has no chat template")
     return model.to(device).eval(), tokenizer
+
+
+def checkpoint_dir(path: str | Path) -> tuple[str, Path]:
+    """What `path` holds, and where: ("adapter", dir) for a LoRA adapter, ("model", dir) for a full
+    model. `path` is an executor checkpoint (`vN/` holding `adapter/` or `model/`), an adapter
+    directory (adapter_config.json) or a model directory (config.json)."""
+    path = Path(path)
+    for kind, sub, marker in (
+        ("adapter", "adapter", "adapter_config.json"),
+        ("model", "model", "config.json"),
+    ):
+        if (path / sub / marker).is_file():
+            return kind, path / sub
+    if (path / "adapter_config.json").is_file():
+        return "adapter", path
+    if (path / "config.json").is_file():
+        return "model", path
+    if not path.exists():
+        raise EngineError(f"checkpoint {path}: no such directory")
+    raise EngineError(
+        f"checkpoint {path}: no adapter_config.json or config.json "
+        "(nor adapter/adapter_config.json or model/config.json)"
+    )
 
 
 def adapter_dir(path: str | Path) -> Path:
@@ -72,3 +96,29 @@ def read_adapter(path: Path, device: str) -> tuple[Any, dict]:
         raise EngineError(f"adapter {path}: cannot load: {one_line(exc)}") from exc
     config.inference_mode = True
     return config, weights
+
+
+def check_fits_base(path: Path, model: Any, tokenizer: Any, base: Any, base_model: Any) -> None:
+    """A full fine-tune served in place of the base (`base`: its engine, `base_model` its model)
+    must read and write the same tokens: the same tokenizer hash, or else the same vocabulary and
+    chat template; and as many token embeddings. Else EngineError naming `path`."""
+    from clients.base_model import tokenizer_hash
+
+    ours = tokenizer_hash(tokenizer, path)
+    if ours != base.tokenizer_hash:
+        differs = [
+            what
+            for what, same in (
+                ("vocabulary", tokenizer.get_vocab() == base.tokenizer.get_vocab()),
+                ("chat template", tokenizer.chat_template == base.tokenizer.chat_template),
+            )
+            if not same
+        ]
+        if differs:
+            raise EngineError(
+                f"checkpoint {path}: its tokenizer (hash {ours}) is not the base's (hash "
+                f"{base.tokenizer_hash}): {' and '.join(differs)} differ"
+            )
+    sizes = [m.get_input_embeddings().num_embeddings for m in (model, base_model)]
+    if sizes[0] != sizes[1]:
+        raise EngineError(f"checkpoint {path}: {sizes[0]} token embeddings, the base has {sizes[1]}")

@@ -1,5 +1,6 @@
-"""How the engine samples: `SamplingParams`, the `Sample` it returns, and the sampling loop
-(temperature, top-k, top-p, a KV cache, each token's logprob from the raw fp32 logits).
+"""How the engine samples: `SamplingParams`, the `Sample` it returns, the token pick of every row of a
+batched step (`pick_rows`: temperature, top-k, top-p, each request's own generator), and stop
+strings (`cut_at_stop`). The decode loop itself is the scheduler's (`batching`).
 
 torch is imported inside the functions that need it.
 """
@@ -12,11 +13,15 @@ from typing import Any
 # Below this temperature sampling is greedy decoding, its limit (vLLM's floor too): logits divided
 # by 1e-300 overflow to inf and the softmax to NaN.
 MIN_TEMPERATURE = 1e-5
+MAX_STOPS = 4  # OpenAI's limit
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample: temperature scaling, then top-k, then top-p (nucleus) filtering."""
+    """How to sample: temperature scaling, then top-k, then top-p (nucleus) filtering; when to stop
+    (`max_tokens`, a stop token, or a `stop` string in the decoded text); how many alternatives to
+    report per token (`top_logprobs`)."""
 
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
@@ -24,14 +29,24 @@ class SamplingParams:
     max_tokens: int = 64
     seed: int | None = None
     n: int = 1
+    stop: tuple[str, ...] = ()  # OpenAI stop strings; a str is one stop string
+    top_logprobs: int = 0  # alternatives per token, 0..20
 
     def __post_init__(self) -> None:
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if isinstance(stop, list):
+            stop = tuple(stop)
+        object.__setattr__(self, "stop", stop)
         checks = {
             "temperature": self.temperature >= 0,
             "top_p": 0 < self.top_p <= 1,
             "top_k": self.top_k >= 0,
             "max_tokens": self.max_tokens >= 1,
             "n": self.n >= 1,
+            "stop": isinstance(stop, tuple)
+            and len(stop) <= MAX_STOPS
+            and all(isinstance(s, str) and s for s in stop),
+            "top_logprobs": type(self.top_logprobs) is int and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
         }
         for field, ok in checks.items():
             if not ok:
@@ -39,7 +54,9 @@ class SamplingParams:
 
     def as_dict(self) -> dict:
         """The parameters as a plain dict, for recording next to the samples."""
-        return asdict(self)
+        values = asdict(self)
+        values["stop"] = list(self.stop)
+        return values
 
 
 @dataclass(frozen=True)
@@ -48,9 +65,24 @@ class Sample:
 
     token_ids: list[int]
     logprobs: list[float]  # log-softmax of the raw fp32 logits at each sampled token
-    finish_reason: str  # "stop" (a stop token) or "length" (max_tokens)
-    text: str  # decoded without special tokens
+    finish_reason: str  # "stop" (a stop token or stop string) or "length" (max_tokens)
+    text: str  # decoded without special tokens, cut before the first stop string
     policy_version: str | None = None  # set by engines that learn it per call (the upstream proxy)
+    # per token, the `top_logprobs` most likely (token id, logprob) of the raw fp32 log-softmax,
+    # most likely first; None when not asked
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    """`text` before the first stop string that occurs in it, and whether one did.
+
+    >>> cut_at_stop("a = 1\\nEND\\nb", ("END", "\\n"))
+    ('a = 1', True)
+    >>> cut_at_stop("no stop here", ("END",))
+    ('no stop here', False)
+    """
+    found = [i for i in (text.find(stop) for stop in stops) if i >= 0]
+    return (text[: min(found)], True) if found else (text, False)
 
 
 def filter_logits(logits: Any, params: SamplingParams) -> Any:
@@ -72,55 +104,41 @@ def filter_logits(logits: Any, params: SamplingParams) -> Any:
     return logits
 
 
-def pick_tokens(logits: Any, params: SamplingParams, generator: Any) -> Any:
-    """One token per row: argmax when greedy, else a draw from the filtered distribution."""
-    import torch
-
-    if params.temperature < MIN_TEMPERATURE:
-        return torch.argmax(logits, dim=-1)
-    probs = torch.softmax(filter_logits(logits, params), dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+def is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < MIN_TEMPERATURE
 
 
-def sample_loop(model: Any, prompt_ids: list[int], params: SamplingParams, stop: list[int]) -> list[dict]:
-    """`params.n` completions of one prompt, decoded together with one KV cache.
+def pick_rows(logits: Any, requests: list[tuple[SamplingParams, Any, int]]) -> Any:
+    """One token per row of `logits` (fp32 `[rows, vocab]`), whose rows are the rows of `requests`
+    in order: (its params, its `torch.Generator` or None, its number of rows).
 
-    The prompt is run once and its cache repeated per row; a row that hits a stop token leaves
-    the batch (its cache rows are dropped). Returns per row: tokens, logprobs, finish reason.
+    Greedy rows take the argmax. The other rows are filtered by their own settings (rows with the
+    same settings in one call), then each takes the token where its cumulative probability first
+    exceeds a uniform draw from its request's own generator (inverse-CDF sampling: one draw per row,
+    so a request draws the same numbers alone or among others, and the draw costs no call per row).
     """
     import torch
 
-    device = next(model.parameters()).device
-    rows = 1 if params.temperature < MIN_TEMPERATURE else params.n  # greedy rows would all be the same
-    generator = None
-    if params.seed is not None:
-        generator = torch.Generator(device=device).manual_seed(params.seed)
-    out = model(input_ids=torch.tensor([prompt_ids], device=device), use_cache=True, logits_to_keep=1)
-    cache, logits = out.past_key_values, out.logits[:, -1, :].float()
-    if rows > 1:
-        cache.batch_repeat_interleave(rows)
-        logits = logits.expand(rows, -1)
-    stop_tensor = torch.tensor(stop, dtype=torch.long, device=device)
-    done = [{"tokens": [], "logprobs": [], "finish_reason": "length"} for _ in range(rows)]
-    alive = list(range(rows))
-    for step in range(params.max_tokens):
-        picked = pick_tokens(logits, params, generator)
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, picked[:, None]).squeeze(-1)
-        stopped = torch.isin(picked, stop_tensor)
-        for row, token, logprob, ends in zip(
-            alive, picked.tolist(), logprobs.tolist(), stopped.tolist(), strict=True
-        ):
-            done[row]["tokens"].append(token)
-            done[row]["logprobs"].append(logprob)
-            if ends:
-                done[row]["finish_reason"] = "stop"
-        if bool(stopped.all()) or step + 1 == params.max_tokens:
-            break
-        if bool(stopped.any()):
-            keep = (~stopped).nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
-            alive = [alive[i] for i in keep.tolist()]
-            picked = picked[keep]
-        out = model(input_ids=picked[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache, logits = out.past_key_values, out.logits[:, -1, :].float()
-    return done * params.n if rows == 1 and params.n > 1 else done
+    picked = torch.argmax(logits, dim=-1)
+    uniforms = torch.zeros(logits.shape[0], device=logits.device)
+    by_settings: dict[tuple, list[int]] = {}
+    start = 0
+    for params, generator, count in requests:
+        if not is_greedy(params):
+            uniforms[start : start + count] = torch.rand(count, generator=generator, device=logits.device)
+            key = (params.temperature, params.top_k, params.top_p)
+            by_settings.setdefault(key, []).extend(range(start, start + count))
+        start += count
+    for (temperature, top_k, top_p), rows in by_settings.items():
+        settings = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+        every = len(rows) == logits.shape[0]
+        index = None if every else torch.tensor(rows, device=logits.device)
+        chosen = logits if every else logits[index]
+        cdf = torch.cumsum(torch.softmax(filter_logits(chosen, settings), dim=-1), dim=-1)
+        draws = (uniforms if every else uniforms[index]) * cdf[:, -1]
+        tokens = torch.searchsorted(cdf, draws[:, None], right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+        if every:
+            picked = tokens
+        else:
+            picked[index] = tokens
+    return picked

@@ -1,4 +1,5 @@
-"""One base model shared by engines: their adapters loaded side by side, one active per call."""
+"""One loaded model shared by engines: their adapters loaded side by side, one active per forward
+pass, and the model's decode loop (`batching.Scheduler`)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from producers.policy.engine.batching import Scheduler
 from producers.policy.engine.errors import EngineError, one_line
 from producers.policy.engine.loading import read_adapter
 
 
 class SharedModel:
-    """One loaded base model and the adapters loaded into it side by side, one name per engine.
+    """One loaded model and the adapters loaded into it side by side, one name per engine.
 
-    `use(name)` holds the lock for a whole call with that adapter active (None: adapters off).
-    Dropped adapters are only queued by `drop` (a finalizer may run in any thread, even one that
-    holds the lock) and deleted at the next `use` or `add`.
+    `use(name)` holds the lock for one forward pass with that adapter active (None: adapters off);
+    the scheduler takes it per decode step and per prefill, `score` per call. Dropped adapters are
+    only queued by `drop` (a finalizer may run in any thread, even one that holds the lock) and
+    deleted at the next `use` or `add`; an engine, and so its adapter, lives while a request of it
+    runs.
     """
 
     def __init__(self, model: Any, device: str):
@@ -29,6 +33,8 @@ class SharedModel:
         self.tokenizer_lock = threading.Lock()  # fast tokenizers can fail when used concurrently
         self._names = itertools.count(1)
         self._dropped: list[str] = []
+        self._active: str | None = None  # the adapter set active last; None: unknown
+        self.scheduler = Scheduler(self)
 
     def add(self, path: Path) -> str:
         """Load the adapter in `path` under a new name; on failure the model is as it was."""
@@ -36,6 +42,7 @@ class SharedModel:
         with self.lock:
             self._purge()
             name = f"adapter{next(self._names)}"
+            self._active = None  # adding an adapter may change which one peft has active
             try:
                 self._inject(name, config, weights)
             except Exception as exc:
@@ -62,6 +69,7 @@ class SharedModel:
 
         if not isinstance(self.model, PeftModel) or name not in self.model.peft_config:
             return
+        self._active = None
         with warnings.catch_warnings():  # peft says which adapter it activates instead: we pick per call
             warnings.simplefilter("ignore", UserWarning)
             self.model.delete_adapter(name)
@@ -87,5 +95,7 @@ class SharedModel:
                 with self.model.disable_adapter():
                     yield self.model
             else:
-                self.model.set_adapter(name)
+                if self._active != name:  # set_adapter walks every module: only on a change
+                    self.model.set_adapter(name)
+                    self._active = name
                 yield self.model

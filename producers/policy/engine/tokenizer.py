@@ -1,29 +1,13 @@
-"""What the engine needs to know of a tokenizer: its hash, stop ids, context length and longest
-token. Used by the local engine and by the upstream proxy alike.
+"""What the engine needs to know of a tokenizer: its stop ids, context length and longest token.
+Used by the local engine and by the upstream proxy alike (its hash: `clients.base_model`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from pathlib import Path
 from typing import Any
 
 # transformers' `model_max_length` when a tokenizer does not say (int(1e30)): not a limit.
 _NO_LIMIT = 10**12
-
-
-def tokenizer_hash(tokenizer: Any, base_model: Path) -> str:
-    """16 hex chars of sha256 over tokenizer.json (or the vocabulary) and the chat template."""
-    digest = hashlib.sha256()
-    file = base_model / "tokenizer.json"
-    if file.is_file():
-        digest.update(file.read_bytes())
-    else:
-        digest.update(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode())
-    template = tokenizer.chat_template
-    digest.update(b"\0" + (template if isinstance(template, str) else json.dumps(template)).encode())
-    return digest.hexdigest()[:16]
 
 
 def find_stop_ids(tokenizer: Any, model: Any) -> list[int]:

@@ -28,6 +28,10 @@ def test_the_policy_benchmark_writes_throughput_overhead_and_reload_figures(tmp_
     assert all(r["tokens_per_s"] > 0 and r["requests_per_s"] > 0 and r["cpu_ms_per_call"] > 0 for r in serve)
     assert all(r["requests"] == 4 for r in serve)
 
+    batching = document["batching"]  # tokens/s by concurrency; the 4x target needs levels 1 and 8
+    assert set(batching["tokens_per_s"]) == {"1", "2"} and batching["ratio_to_lowest"]["1"] == 1.0
+    assert "target_met" not in batching
+
     overhead = document["recording_overhead"]
     assert overhead["concurrency"] == 1 and overhead["target_ms"] == 2.0
     assert isinstance(overhead["target_met"], bool)
@@ -67,13 +71,18 @@ def test_without_cuda_the_gpu_comparison_says_why_it_was_skipped(tmp_path, monke
 
 
 def test_the_gpu_comparison_runs_on_cpu_with_a_small_shape(tmp_path):
-    """The same code path as `--gpu`, on a model small enough for CPU: both engines generate."""
+    """The same code path as `--gpu`, on a model small enough for CPU: both engines generate, alone
+    and 8 at a time."""
     from infra.bench.policy.gpu import compare_generate
 
     result = compare_generate(tmp_path / "model", "cpu", {"hidden_size": 64, "layers": 2}, 8, 1, prompts=2)
-    assert result["tokens_per_s"]["ours"] > 0 and result["tokens_per_s"]["theirs"] > 0
-    assert [row["case"] for row in result["rows"]] == [
-        "cpu: LocalEngine.generate",
-        "cpu: transformers model.generate",
+    for level in (1, 8):
+        assert result["tokens_per_s"]["ours"][level] > 0 and result["tokens_per_s"]["theirs"][level] > 0
+        ours, theirs = result["tokens_per_s"]["ours"][level], result["tokens_per_s"]["theirs"][level]
+        assert result["ratio"][level] == pytest.approx(ours / theirs)
+    assert [(row["case"], row["concurrency"]) for row in result["rows"]] == [
+        ("cpu: LocalEngine.generate", 1),
+        ("cpu: transformers model.generate", 1),
+        ("cpu: LocalEngine.generate", 8),
+        ("cpu: transformers model.generate", 8),
     ]
-    assert result["ratio"] == pytest.approx(result["tokens_per_s"]["ours"] / result["tokens_per_s"]["theirs"])

@@ -1,6 +1,7 @@
 """The policy engine on the tiny local model (CPU): stored logprobs are what a fresh forward pass
-gives, seeds reproduce, sampling filters behave, adapters load (checkpoint or adapter dir), and a
-bad base or adapter is a one-line EngineError that leaves a serving engine as it was."""
+gives, seeds reproduce, sampling filters behave, adapters load (checkpoint or adapter dir), full
+fine-tunes are served beside the base, and a bad base or checkpoint is a one-line EngineError that
+leaves a serving engine as it was."""
 
 from __future__ import annotations
 
@@ -221,11 +222,11 @@ def test_adapter_from_a_checkpoint_or_its_adapter_dir(base, engine, prompt, chec
     assert from_ckpt.version == "v1"
 
 
-def test_with_adapter_shares_the_base_and_leaves_the_old_engine_as_it_was(base, prompt, checkpoint):
+def test_with_checkpoint_shares_the_base_and_leaves_the_old_engine_as_it_was(base, prompt, checkpoint):
     old = LocalEngine(base, device="cpu")
     params = SamplingParams(seed=9, max_tokens=16)
     before = old.generate(prompt, params)
-    new = old.with_adapter(checkpoint, "v1")
+    new = old.with_checkpoint(checkpoint, "v1")
     assert new.version == "v1" and old.version == "base"
     assert new._shared is old._shared  # one copy of the base weights
     reference = LocalEngine(base, adapter=checkpoint, device="cpu")
@@ -257,26 +258,26 @@ def test_bad_adapters_raise_and_the_engine_keeps_serving(base, prompt, checkpoin
     missing = tmp_path / "missing"
     with pytest.raises(EngineError, match=f"adapter {garbage}: cannot load"):
         LocalEngine(base, adapter=garbage)
-    with pytest.raises(EngineError, match=f"adapter {missing}: no adapter_config.json"):
+    with pytest.raises(EngineError, match=f"checkpoint {missing}: no such directory"):
         LocalEngine(base, adapter=missing)
     old = LocalEngine(base, device="cpu")
     params = SamplingParams(seed=10, max_tokens=12, n=2)
     before = old.generate(prompt, params)
     for bad in (garbage, missing, other_base):  # other_base fails after injection: it is rolled back
-        with pytest.raises(EngineError, match=f"adapter {bad}"):
-            old.with_adapter(bad, "v2")
+        with pytest.raises(EngineError, match=f"(adapter|checkpoint) {bad}"):
+            old.with_checkpoint(bad, "v2")
         assert old.generate(prompt, params) == before
     assert json.loads((checkpoint / "adapter" / "adapter_config.json").read_text())["r"] == 4
-    new = old.with_adapter(checkpoint, "v2")
+    new = old.with_checkpoint(checkpoint, "v2")
     _assert_logprobs_are_scores(new, prompt, new.generate(prompt, params))
     assert old.generate(prompt, params) == before
 
 
 def test_a_reload_chain_loads_each_adapter_while_the_previous_one_is_live(base, prompt, checkpoint, tmp_path):
     """v1 -> v2 -> v3, each loaded while the version before it still serves (as hot reload does)."""
-    first = LocalEngine(base, device="cpu").with_adapter(checkpoint, "v1")
-    second = first.with_adapter(_lora(base, tmp_path / "v2" / "adapter", scale=0.3), "v2")
-    third = second.with_adapter(_lora(base, tmp_path / "v3" / "adapter", scale=0.4), "v3")
+    first = LocalEngine(base, device="cpu").with_checkpoint(checkpoint, "v1")
+    second = first.with_checkpoint(_lora(base, tmp_path / "v2" / "adapter", scale=0.3), "v2")
+    third = second.with_checkpoint(_lora(base, tmp_path / "v3" / "adapter", scale=0.4), "v3")
     tokens = first.generate(prompt, SamplingParams(seed=1, max_tokens=8))[0].token_ids
     scores = [engine.score(prompt, tokens) for engine in (first, second, third)]
     assert [engine.version for engine in (first, second, third)] == ["v1", "v2", "v3"]
@@ -286,3 +287,87 @@ def test_a_reload_chain_loads_each_adapter_while_the_previous_one_is_live(base, 
         )
     reference = LocalEngine(base, adapter=tmp_path / "v3", device="cpu")
     assert scores[2] == pytest.approx(reference.score(prompt, tokens), abs=TOL)
+
+
+# --- full fine-tunes --------------------------------------------------------------------------------
+
+
+def _full_checkpoint(base, root, version: str, scale: float = 0.05, tokenizer=None):
+    """`<root>/<version>/model/` as the executor writes it (`save_checkpoint`, lora=False): the base
+    with perturbed weights, and a tokenizer (the base's unless given)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from consumers.training.checkpoints import save_checkpoint
+    from consumers.training.versions import TrainState
+
+    model = AutoModelForCausalLM.from_pretrained(base)
+    generator = torch.Generator().manual_seed(13)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * scale)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(base)
+    return save_checkpoint(root, TrainState(policy_version=version), model, tokenizer, optimizer, lora=False)
+
+
+def test_a_full_fine_tune_is_served_beside_the_base(base, engine, prompt, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ckpt = _full_checkpoint(base, tmp_path, "v1")
+    params = SamplingParams(seed=71, max_tokens=16, n=2)
+    before = engine.generate(prompt, params)
+    full = engine.with_checkpoint(ckpt, "v1")
+    assert full.version == "v1" and engine.version == "base"
+    assert full._shared is not engine._shared  # a model of its own, with its own decode loop
+    assert (full.tokenizer_hash, full.base_model_id) == (engine.tokenizer_hash, engine.base_model_id)
+    samples = full.generate(prompt, params)
+    _assert_logprobs_are_scores(full, prompt, samples)
+    reference = AutoModelForCausalLM.from_pretrained(ckpt / "model").eval()
+    tokens = samples[0].token_ids
+    with torch.no_grad():
+        logits = reference(input_ids=torch.tensor([[*prompt, *tokens]])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1).tolist()
+    assert samples[0].logprobs == pytest.approx(expected, abs=TOL)
+    assert max(abs(a - b) for a, b in zip(expected, engine.score(prompt, tokens), strict=True)) > 1e-2
+    assert engine.generate(prompt, params) == before  # the old engine serves as it did
+    assert full.with_checkpoint(ckpt / "model", "v1b").score(prompt, tokens) == pytest.approx(
+        expected, abs=TOL
+    )
+
+
+def test_an_adapter_after_a_full_fine_tune_goes_on_the_base(base, engine, prompt, checkpoint, tmp_path):
+    full = engine.with_checkpoint(_full_checkpoint(base, tmp_path, "v1"), "v1")
+    adapted = full.with_checkpoint(checkpoint, "v2")
+    assert adapted._shared is engine._shared
+    reference = LocalEngine(base, adapter=checkpoint, device="cpu")
+    tokens = engine.generate(prompt, SamplingParams(seed=72, max_tokens=8))[0].token_ids
+    assert adapted.score(prompt, tokens) == pytest.approx(reference.score(prompt, tokens), abs=TOL)
+
+
+def test_bad_full_checkpoints_raise_naming_the_path_and_the_engine_keeps_serving(
+    base, engine, prompt, tmp_path
+):
+    from consumers.tiny_model import train_tokenizer
+
+    params = SamplingParams(seed=73, max_tokens=8)
+    before = engine.generate(prompt, params)
+    other_vocab = _full_checkpoint(
+        base, tmp_path / "a", "v1", tokenizer=train_tokenizer(["zz yy xx ww " * 20])
+    )
+    corrupt = _full_checkpoint(base, tmp_path / "b", "v2")
+    weights = next((corrupt / "model").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    empty = tmp_path / "c" / "v3"
+    empty.mkdir(parents=True)
+    cases = [
+        (other_vocab, f"checkpoint {other_vocab / 'model'}: its tokenizer .* vocabulary"),
+        (corrupt, f"checkpoint {corrupt / 'model'}: cannot load"),
+        (empty, f"checkpoint {empty}: no adapter_config.json or config.json"),
+        (tmp_path / "nope", f"checkpoint {tmp_path / 'nope'}: no such directory"),
+    ]
+    for path, message in cases:
+        with pytest.raises(EngineError, match=message):
+            engine.with_checkpoint(path, "vX")
+    assert engine.generate(prompt, params) == before
