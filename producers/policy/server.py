@@ -1,8 +1,17 @@
 """`agentstream policy`: the current policy behind an OpenAI-compatible API (aiohttp shell).
 
 Endpoints:
-- `POST /v1/chat/completions`: OpenAI chat completions (`tools`, `n`, `temperature`, `top_p`,
-  `top_k`, `max_tokens`, `seed`, `logprobs`). Recorded when the request names its episode.
+- `POST /v1/chat/completions`: OpenAI chat completions. Every field is honoured or refused
+  (openai_fields.py has the lists): honoured `model`, `messages`, `tools`, `tool_choice` (`none`:
+  the model still sees the tools and any call comes back as text; `auto`; `required` and a named
+  function: the template's call opening is appended to the prompt as tokens, see
+  `service.force_call`), `n`, `temperature`, `top_p`, `top_k`, `max_tokens` /
+  `max_completion_tokens`, `seed`, `logprobs`, `top_logprobs` (real alternatives), `stop` (up to 4
+  strings, never in the returned text), `stream` (server-sent events, chat_stream.py) with
+  `stream_options.include_usage`, `response_format` `{"type": "text"}` (JSON modes are a 400);
+  some others only at their default (`frequency_penalty` 0, `parallel_tool_calls` true, ...); any
+  other field is a 400 naming it in `param`. Recorded when the request names its episode (a
+  streamed completion exactly once, as a plain one).
 - `POST /v1/episodes/{trajectory_id}/chat/completions`: the same, recorded as the next
   `step.recorded` of that episode (or name it with the header `X-Agentstream-Trajectory`); the
   server counts the episode's steps, or the client gives the index (`X-Agentstream-Step-Index`,
@@ -14,8 +23,9 @@ Endpoints:
   `tool_call_malformed`, `input_tokens`, `output_tokens`, `latency_ms`, `step_index`), and the client
   records them with the observation in one `step.recorded` (the rollout driver does).
 - `POST /v1/completions` with `prompt` as a list of token ids: token in, token out (`token_ids`,
-  `prompt_token_ids` and logprobs per choice, as vLLM returns them); what a recording proxy in
-  front of this server calls. Not recorded.
+  `prompt_token_ids` and logprobs per choice, as vLLM returns them, `logprobs` alternatives keyed
+  `token_id:N` with vLLM's `return_tokens_as_token_ids`, `stop`, `skip_special_tokens`); what a
+  recording proxy in front of this server calls. Not recorded. Its fields are checked the same way.
 - `GET /v1/models`, `GET /healthz`.
 
 Every response carries the header `x-agentstream-policy-version` (and `policy_version` in the
@@ -45,9 +55,10 @@ import orjson
 
 from producers.gateway.requests import key_allowed, presented_key
 from producers.http import serve_app
+from producers.policy.api_errors import ApiError
+from producers.policy.chat_stream import stream_chat
 from producers.policy.requests import (
     LOOPBACK_HOSTS,
-    ApiError,
     PolicyConfig,
     check_context,
     parse_chat,
@@ -69,7 +80,7 @@ def create_app(config: PolicyConfig, service):
 
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_middleware()])
     app["config"], app["service"] = config, service
-    app["pool"] = ThreadPoolExecutor(config.workers, thread_name_prefix="agentstream-policy")
+    app["pool"] = ThreadPoolExecutor(config.generation_threads(), thread_name_prefix="agentstream-policy")
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/episodes/{trajectory_id}/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
@@ -184,6 +195,8 @@ async def _chat(request):
     body = await _body(request)
     chat = parse_chat(body, service.models())
     service.precheck(chat)  # a prompt surely too long is refused here, never tokenised
+    if chat.stream:
+        return await stream_chat(request, service, chat, trajectory_id, step_index, client_records)
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(
         request.app["pool"], service.complete, chat, trajectory_id, step_index, client_records

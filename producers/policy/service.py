@@ -8,6 +8,13 @@ the OpenAI response body with its `policy_version`. With `client_records=True` t
 published: the same `step_event` fields go back in the body's `agentstream` object (`client_fields`)
 for the caller to record with its observation.
 
+`tool_choice`: with `required` or a named function the template's call opening is appended to the
+prompt as tokens (`force_call`) and starts the returned answer; with `none` the model sees the tools
+as on other turns (the prompt, and so token continuity, stays the same) and any call it writes
+comes back as text (`answer`). A streamed completion (`Stream`, producers/policy/chat_stream.py)
+is this same completion with a callback per token; its client leaving before it is sampled in full
+leaves nothing recorded.
+
 Bounds (issue #34): a prompt that with `max_tokens` does not fit the model's context length is
 refused with OpenAI's `context_length_exceeded` before any model work: first by a lower bound of its
 token count taken from its size (`precheck`, on the event loop: a 4 MB prompt never reaches the
@@ -18,14 +25,18 @@ recorded without token ids or logprobs and marked not token-trainable (`withhold
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
+from producers.policy.api_errors import ApiError
+from producers.policy.engine.sampling import cut_at_stop
 from producers.policy.requests import ChatRequest, TokenRequest, check_context, context_exceeded
-from producers.policy.tool_calls import ParsedCompletion, parse
+from producers.policy.tool_calls import ParsedCompletion, call_opening, parse
 from producers.policy.turns import Episodes, Prompt, build_prompt
 from producers.redaction import Redactor, withhold_tokens
 from schemas.events import StepRecorded, utc_now
@@ -34,6 +45,25 @@ from schemas.ids import new_event_id
 log = logging.getLogger(__name__)
 
 PRODUCER = "policy-server"
+
+
+@dataclass(frozen=True)
+class Stream:
+    """What a streamed completion adds: the engine chosen when the response started (its version is
+    in the headers already), `on_token(choice_index, token_id)` called from the generating thread,
+    and `abandoned`, set by the server when the client has gone. A completion whose client is gone
+    once it is sampled is not recorded at all: the episode's step count and token context stay as
+    they were, so the client's retry of the same turn is that step, continuous with the turn before.
+    Once recorded, the remaining writes to a client that goes do not undo it."""
+
+    engine: object | None = None
+    on_token: Callable[[int, int], None] | None = None
+    abandoned: threading.Event = field(default_factory=threading.Event)
+
+
+class StreamAbandoned(Exception):
+    """Raised from `on_token` once a stream's client has gone: the engine ends that request (and
+    frees its slot) instead of sampling to max_tokens for no one; nothing is recorded."""
 
 
 @dataclass(frozen=True)
@@ -81,10 +111,12 @@ class PolicyService:
         limit, longest = getattr(engine, "context_length", None), getattr(engine, "longest_token_bytes", None)
         if limit is None or not longest:
             return
-        size = sum(len(m["content"].encode()) for m in request.messages)
-        at_least = size // (longest * 3)
+        size = sum(_message_bytes(m) for m in request.messages)
+        tools = len(json.dumps(request.tools, ensure_ascii=False).encode()) if request.tools else 0
+        at_least = (size + tools) // (longest * 3)
         if at_least + request.sampling.max_tokens > limit:
-            raise context_exceeded(limit, at_least, request.sampling.max_tokens, "messages")
+            param = "messages" if size >= tools else "tools"
+            raise context_exceeded(limit, at_least, request.sampling.max_tokens, param)
 
     def complete(
         self,
@@ -92,28 +124,39 @@ class PolicyService:
         trajectory_id: str | None,
         step_index: int | None = None,
         client_records: bool = False,
+        stream: Stream | None = None,
     ) -> Completion:
         """One completion (see the module docstring); blocking: run it in a worker thread.
         `step_index`: the client's own count of the episode's steps (kept across a server restart),
         else the server counts the episode's turns from 0. `client_records`: return the step's
-        fields in the body's `agentstream` object instead of publishing them."""
-        engine = self._engine  # one version for the whole response
+        fields in the body's `agentstream` object instead of publishing them. `stream`: the engine
+        to use, a callback per sampled token, and the event set when the client is gone (see
+        `Stream`)."""
+        engine = stream.engine if stream and stream.engine else self._engine  # one version per response
         if trajectory_id is None:
             prompt = build_prompt(engine, request.messages, request.tools, [])
-            samples, latency_ms = _generate(engine, prompt, request)
+            prompt, request = force_call(engine, request, prompt)
+            samples, latency_ms = _generate(engine, prompt, request, stream)
             return Completion(
                 response_body(engine, request, prompt, samples), version_of(engine, samples), False
             )
         state = self.episodes.get(trajectory_id)
         with state.lock:  # the turns of one episode run in order
-            prompt = build_prompt(engine, request.messages, request.tools, state.contexts)
-            samples, latency_ms = _generate(engine, prompt, request)
+            prompt = build_prompt(engine, request.messages, request.tools, state.contexts, state.histories)
+            prompt, request = force_call(engine, request, prompt)
+            samples, latency_ms = _generate(engine, prompt, request, stream)
+            if stream and stream.abandoned.is_set():  # the client left: as if never asked (see Stream)
+                body = response_body(engine, request, prompt, samples)
+                return Completion(body, version_of(engine, samples), False)
             step_index = state.next_step if step_index is None else step_index
             state.next_step = step_index + 1
-            self.episodes.store(trajectory_id, state, [[*prompt.token_ids, *s.token_ids] for s in samples])
+            body = response_body(engine, request, prompt, samples)  # its messages: what the next turn matches
+            replies = [choice["message"] for choice in body["choices"]]
+            self.episodes.store(
+                trajectory_id, state, [[*prompt.token_ids, *s.token_ids] for s in samples], replies, prompt
+            )
         event = step_event(engine, request, prompt, samples, trajectory_id, step_index, latency_ms)
         event = self._redacted(engine, prompt, event)
-        body = response_body(engine, request, prompt, samples)
         recorded = False
         if client_records:
             body["agentstream"] = client_fields(event)
@@ -129,7 +172,7 @@ class PolicyService:
         limit = getattr(engine, "context_length", None)
         check_context(limit, len(request.prompt_ids), request.sampling.max_tokens, "prompt")
         samples = engine.generate(request.prompt_ids, request.sampling)
-        return Completion(token_body(engine, request, samples), engine.version, False)
+        return Completion(token_body(engine, request, samples), version_of(engine, samples), False)
 
     def _redacted(self, engine, prompt: Prompt, event: StepRecorded) -> StepRecorded:
         """`event` redacted as the recorder would (its token ids withheld when its text held a
@@ -148,27 +191,51 @@ class PolicyService:
 
 
 def token_body(engine, request: TokenRequest, samples) -> dict:
-    """The OpenAI `text_completion` body with vLLM's `token_ids` / `prompt_token_ids` fields."""
-    choices = [
-        {
+    """The OpenAI `text_completion` body with vLLM's fields: `token_ids` per choice and
+    `prompt_token_ids` (unless `return_token_ids` is false), the sampled tokens' logprobs always,
+    `logprobs` alternatives per token as `{token: logprob}` (keyed `token_id:N` with
+    `return_tokens_as_token_ids`, so no token text has to be mapped back), and the text decoded with
+    or without special tokens (`skip_special_tokens`), cut before a stop string."""
+    choices = []
+    for index, sample in enumerate(samples):
+        choice = {
             "index": index,
-            "text": sample.text,
-            "token_ids": sample.token_ids,
+            "text": _completion_text(engine, request, sample),
             "finish_reason": sample.finish_reason,
-            "logprobs": {
-                "tokens": [engine.decode([t]) for t in sample.token_ids],
-                "token_logprobs": sample.logprobs,
-            },
+            "logprobs": _token_logprobs(engine, request, sample),
         }
-        for index, sample in enumerate(samples)
-    ]
-    return {
+        if request.return_token_ids:
+            choice["token_ids"] = sample.token_ids
+        choices.append(choice)
+    body = {
         **_head("cmpl", "text_completion", request.model),
-        "policy_version": engine.version,
-        "prompt_token_ids": request.prompt_ids,
+        "policy_version": version_of(engine, samples),
         "choices": choices,
         "usage": usage(len(request.prompt_ids), samples),
     }
+    if request.return_token_ids:
+        body["prompt_token_ids"] = request.prompt_ids
+    return body
+
+
+def _completion_text(engine, request: TokenRequest, sample) -> str:
+    if request.skip_special_tokens:
+        return sample.text
+    with engine.tokenizer_lock:
+        text = engine.tokenizer.decode(sample.token_ids, skip_special_tokens=False)
+    return cut_at_stop(text, request.sampling.stop)[0]
+
+
+def _token_logprobs(engine, request: TokenRequest, sample) -> dict:
+    def name(token_id: int) -> str:
+        return f"token_id:{token_id}" if request.tokens_as_ids else engine.decode([token_id])
+
+    tokens = [name(t) for t in sample.token_ids]
+    logprobs = {"tokens": tokens, "token_logprobs": sample.logprobs, "top_logprobs": None}
+    if request.logprobs:
+        alternatives = _alternatives(sample, request.logprobs, "logprobs")
+        logprobs["top_logprobs"] = [{name(i): lp for i, lp in entries} for entries in alternatives]
+    return logprobs
 
 
 def _head(id_prefix: str, kind: str, model: str) -> dict:
@@ -186,12 +253,70 @@ def version_of(engine, samples) -> str:
     return samples[0].policy_version or engine.version
 
 
-def _generate(engine, prompt: Prompt, request: ChatRequest):
+def _message_bytes(message: dict) -> int:
+    """The UTF-8 size of what a message puts in the prompt: its text and its calls' names and arguments."""
+    size = len(message["content"].encode())
+    for call in message.get("tool_calls") or ():
+        function = call["function"]
+        arguments = function.get("arguments", "")
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        size += len(function["name"].encode()) + len(text.encode())
+    return size
+
+
+def _generate(engine, prompt: Prompt, request: ChatRequest, stream: Stream | None = None):
     limit = getattr(engine, "context_length", None)
     check_context(limit, len(prompt.token_ids), request.sampling.max_tokens, "messages")
     started = time.perf_counter()
-    samples = engine.generate(prompt.token_ids, request.sampling)
+    if stream is not None and stream.on_token is not None:
+        relay, abandoned = stream.on_token, stream.abandoned
+
+        def on_token(choice: int, token: int) -> None:
+            if abandoned.is_set():  # fails this request only: the engine stops sampling it
+                raise StreamAbandoned("the client left the stream")
+            relay(choice, token)
+
+        samples = engine.generate(prompt.token_ids, request.sampling, on_token=on_token)
+    else:
+        samples = engine.generate(prompt.token_ids, request.sampling)
     return samples, (time.perf_counter() - started) * 1000.0
+
+
+def force_call(engine, request: ChatRequest, prompt: Prompt) -> tuple[Prompt, ChatRequest]:
+    """For `tool_choice` required or a named function: the prompt with the template's call opening
+    (`tool_calls.call_opening`) appended as tokens, so the model continues a call; the request then
+    carries the opening (`request.opening`), which starts every returned and recorded answer. The
+    opening's tokens are the prompt's (`prompt_token_ids`), never the completion's. Else unchanged."""
+    if request.tool_choice not in ("required", "function"):
+        return prompt, request
+
+    def render(messages: list[dict], generation: bool) -> str:
+        return engine.tokenizer.apply_chat_template(
+            messages, tools=request.tools, add_generation_prompt=generation, tokenize=False
+        )
+
+    with engine.tokenizer_lock:
+        opening = call_opening(render, request.tool_name)
+        forced = engine.tokenizer.encode(opening, add_special_tokens=False) if opening else []
+    if not opening:
+        raise ApiError(
+            400,
+            f"tool_choice: {request.tool_choice} cannot be forced with this model's chat template (it does "
+            "not write a call as a name then an arguments object); use auto",
+            "tool_choice",
+        )
+    delta = replace(prompt.delta, token_ids=[*prompt.delta.token_ids, *forced])
+    return replace(prompt, token_ids=[*prompt.token_ids, *forced], delta=delta), replace(
+        request, opening=opening
+    )
+
+
+def answer(request: ChatRequest, sample) -> ParsedCompletion:
+    """What a sample says as the client gets it: the forced opening and the sampled text, its tool
+    calls parsed, except with `tool_choice` none: then the text as written, calls included (the
+    model saw the tools, as on every other turn, so the prompt stays the same across turns)."""
+    text = request.opening + sample.text
+    return ParsedCompletion(text) if request.tool_choice == "none" else parse(text)
 
 
 def step_event(
@@ -205,7 +330,7 @@ def step_event(
 ):
     """The `step.recorded` of one turn: sample 0 as the step, the others in `samples`."""
     first = samples[0]
-    parsed = parse(first.text)
+    parsed = answer(request, first)
     call = parsed.calls[0] if parsed.calls else None
     delta = prompt.delta
     return StepRecorded(
@@ -295,22 +420,40 @@ def response_body(engine, request: ChatRequest, prompt: Prompt, samples) -> dict
 
 
 def _choice(engine, request: ChatRequest, index: int, sample) -> dict:
-    parsed = parse(sample.text)
+    parsed = answer(request, sample)
     message: dict = {"role": "assistant", "content": parsed.text if parsed.text or not parsed.calls else None}
     if parsed.calls:
         message["tool_calls"] = [call.openai(f"call_{uuid.uuid4().hex[:24]}") for call in parsed.calls]
     if parsed.malformed:
         message["tool_call_malformed"] = True
     choice = {"index": index, "message": message, "finish_reason": _finish_reason(sample, parsed)}
-    choice["logprobs"] = _logprobs(engine, sample) if request.logprobs else None
+    choice["logprobs"] = _logprobs(engine, sample, request.top_logprobs) if request.logprobs else None
     return choice
 
 
-def _logprobs(engine, sample) -> dict:
+def _logprobs(engine, sample, top: int) -> dict:
+    """OpenAI chat `logprobs`: per sampled token its logprob and the `top` most likely alternatives
+    (`Sample.top_logprobs`, from the same raw log-softmax)."""
+    alternatives = _alternatives(sample, top, "top_logprobs")
     content = []
-    for token_id, logprob in zip(sample.token_ids, sample.logprobs, strict=True):
-        token = engine.decode([token_id])
-        content.append(
-            {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
-        )
+    for position, (token_id, logprob) in enumerate(zip(sample.token_ids, sample.logprobs, strict=True)):
+        entry = _token_entry(engine, token_id, logprob)
+        entry["top_logprobs"] = [_token_entry(engine, i, lp) for i, lp in alternatives[position]]
+        content.append(entry)
     return {"content": content}
+
+
+def _token_entry(engine, token_id: int, logprob: float) -> dict:
+    token = engine.decode([token_id])
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+def _alternatives(sample, top: int, param: str) -> list[list[tuple[int, float]]]:
+    """Per token, its `top` alternatives; an engine that asked for them and has none is a bug, never
+    answered as "no alternatives"."""
+    if not top:
+        return [[] for _ in sample.token_ids]
+    given = sample.top_logprobs
+    if given is None or len(given) != len(sample.token_ids):
+        raise ApiError(500, f"{param}: the engine returned no alternatives", param, "server_error")
+    return [list(entries)[:top] for entries in given]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from producers.errors import ProducerError
-from producers.policy.engine.sampling import SamplingParams, filter_logits, pick_tokens
+from producers.policy.engine.sampling import SamplingParams, filter_logits, pick_rows
 from producers.policy.engine.tokenizer import context_length
 from producers.policy.requests import PolicyConfig, parse_chat
 from producers.policy.server import host_allowed
@@ -56,7 +56,7 @@ def test_tiny_temperature_is_greedy_and_tiny_top_p_keeps_the_best_token():
     logits = torch.tensor([[1.0, 3.0, 2.0]])
     kept = filter_logits(logits, SamplingParams(top_p=1e-300))
     assert torch.isfinite(kept).tolist() == [[False, True, False]]
-    assert pick_tokens(logits, SamplingParams(temperature=1e-300), None).tolist() == [1]
+    assert pick_rows(logits, [(SamplingParams(temperature=1e-300), None, 1)]).tolist() == [1]
 
 
 def test_the_context_length_is_the_real_limit():

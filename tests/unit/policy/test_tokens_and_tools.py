@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from producers.policy.requests import ApiError, PolicyConfig, parse_chat
+from producers.policy.api_errors import ApiError
+from producers.policy.requests import AUTO_WORKERS, PolicyConfig, parse_chat
 from producers.policy.tokens import first_difference, prompt_delta, reconstruct
 from producers.policy.tool_calls import parse
 
@@ -87,6 +88,8 @@ def test_the_config_checks_key_hashes_and_workers():
     from producers.errors import ProducerError
 
     with pytest.raises(ProducerError, match="workers"):
-        PolicyConfig(workers=0)
+        PolicyConfig(workers=-1)
+    assert PolicyConfig(workers=0).generation_threads() == AUTO_WORKERS > 1  # 0: auto, never serialised
+    assert PolicyConfig(workers=3).generation_threads() == 3
     with pytest.raises(ProducerError, match="sha256"):
         PolicyConfig(api_key_hashes="abc")
