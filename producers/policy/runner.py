@@ -1,4 +1,8 @@
-"""Start the policy server: engine (built-in) and its adapter, recorder, hot reload, HTTP.
+"""Start the policy server: engine (built-in) and its checkpoint, recorder, hot reload, HTTP.
+
+At start the built-in engine serves `--adapter` when given (an error naming it when it cannot be
+loaded), else the newest valid checkpoint under `--checkpoints` (`start_version`: a corrupt or
+foreign one is skipped and logged, so a restart never crash-loops), else the base model.
 
 `run(...)` is what `agentstream policy` calls once the command has resolved the base model to a
 directory (the `tiny` model is built by the top floor, which may import the trainer).
@@ -15,30 +19,24 @@ from producers.policy.requests import PolicyConfig
 log = logging.getLogger(__name__)
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The executor's newest checkpoint under `root` (its `latest` pointer), or None."""
-    pointer = Path(root) / "latest"
-    if not pointer.exists():
-        return None
-    return Path(root) / pointer.read_text().strip()
-
-
 def build_service(config: PolicyConfig, base_dir: Path, bootstrap_servers: str, data_dir: Path):
-    """The engine with the adapter to serve at start, and the service recording through the SDK."""
+    """The engine serving the version to serve at start, and the service recording through the SDK."""
     from producers.policy.engine.local import LocalEngine
     from producers.policy.service import PolicyService
+    from producers.policy.start_version import serve_newest
     from producers.redaction_settings import load_redactor
 
     if config.upstream:
-        from producers.policy.upstream import UpstreamEngine
+        from producers.policy.upstream import proxy_engine
 
-        engine = UpstreamEngine(config.upstream, base_dir)
+        start = (Path(config.adapter), _version_of(Path(config.adapter))) if config.adapter else None
+        engine = proxy_engine(config, base_dir, start, _checkpoints(config, data_dir))
     else:
-        adapter = (
-            Path(config.adapter) if config.adapter else latest_checkpoint(_checkpoints(config, data_dir))
-        )
-        version = _version_of(adapter) if adapter else "base"
-        engine = LocalEngine(base_dir, adapter=adapter, version=version, device=config.device)
+        engine = LocalEngine(base_dir, device=config.device)
+        if config.adapter:  # the operator's choice: served, or an error naming it
+            engine = engine.with_checkpoint(Path(config.adapter), _version_of(Path(config.adapter)))
+        else:  # the newest valid checkpoint: a bad one is skipped, never a crash loop
+            engine = serve_newest(engine, _checkpoints(config, data_dir))
     return PolicyService(
         engine,
         _recorder(config, bootstrap_servers, data_dir),
@@ -59,9 +57,9 @@ def _checkpoints(config: PolicyConfig, data_dir: Path) -> Path:
     return Path(config.checkpoints) if config.checkpoints else Path(data_dir) / "checkpoints"
 
 
-def _version_of(adapter: Path) -> str:
-    """A checkpoint directory is named after its policy version (`<root>/<version>[/adapter]`)."""
-    return adapter.parent.name if adapter.name == "adapter" else adapter.name
+def _version_of(checkpoint: Path) -> str:
+    """A checkpoint directory is named after its policy version (`<root>/<version>[/adapter|/model]`)."""
+    return checkpoint.parent.name if checkpoint.name in ("adapter", "model") else checkpoint.name
 
 
 def run(
@@ -79,7 +77,7 @@ def run(
 
     config.check_exposure(host)  # before loading anything: a refusal is immediate
     service = build_service(config, base_dir, bootstrap_servers, data_dir)
-    follow = config.follow and not config.upstream  # an upstream server reloads itself
+    follow = config.follow  # in proxy mode too: the proxy loads each version into its upstream
     reloader = PolicyReloader(service, bootstrap_servers).start() if follow else None
     try:
         asyncio.run(serve(config, service, host, port, ready_file))
