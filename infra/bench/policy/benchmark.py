@@ -8,10 +8,14 @@ from pathlib import Path
 
 from infra.bench.children import scratch_broker
 from infra.bench.policy.gpu import gpu_comparison
+from infra.bench.policy.proxy import add_arguments as add_proxy_arguments
+from infra.bench.policy.proxy import proxy_comparison
 from infra.bench.policy.reload import reload_phase, reload_summary
 from infra.bench.policy.servers import policy_servers
 from infra.bench.policy.serving import (
     TARGET_OVERHEAD_MS,
+    batching_note,
+    batching_summary,
     overhead_rows,
     serve_phase,
     serve_rows,
@@ -25,7 +29,11 @@ def add_arguments(parser) -> None:
     add_option(parser, "--concurrency", default="1,8,32", help="comma-separated requests in flight")
     add_option(parser, "--requests", type=int, default=96, help="requests per level, server and repeat")
     add_option(parser, "--max-tokens", type=int, default=32, help="max_tokens of every request")
-    add_option(parser, "--workers", type=int, default=1, help="server generation threads (PolicyConfig)")
+    add_option(
+        parser, "--workers", type=int, default=0,
+        help="server generation threads (PolicyConfig.workers); 0: the highest --concurrency, so that "
+        "every request in flight reaches the engine's batch",
+    )  # fmt: skip
     add_option(parser, "--reloads", type=int, default=6, help="policy switches per repeat while clients run")
     add_option(parser, "--reload-interval", type=float, default=0.5, help="seconds between switches")
     add_option(parser, "--reload-concurrency", type=int, default=8, help="clients in flight during reloads")
@@ -34,6 +42,7 @@ def add_arguments(parser) -> None:
         parser, "--gpu", action="store_true", default=False,
         help="also compare LocalEngine.generate with model.generate on a 0.5B-shaped model (needs CUDA)",
     )  # fmt: skip
+    add_proxy_arguments(parser)
 
 
 def run(args) -> dict:
@@ -41,11 +50,16 @@ def run(args) -> dict:
 
     hf_logging.disable_progress_bar()
     levels = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
+    if args.workers < 0:
+        raise ValueError(f"--workers: must be 0 or more, got {args.workers}")
+    args.workers = args.workers or max(levels)
     with scratch_broker("policy") as (root, broker):
         result = _measure(root, broker.address, levels, args)
         result["gpu"] = gpu_comparison(args, root)
-    result["rows"] += result["gpu"].get("rows", [])
-    result["notes"] += result["gpu"].get("notes", [result["gpu"].get("skipped", "")])
+        result["proxy_vllm"] = proxy_comparison(args, root, broker.address, levels)
+    for part in ("gpu", "proxy_vllm"):
+        result["rows"] += result[part].get("rows", [])
+        result["notes"] += result[part].get("notes", [result[part].get("skipped", "")])
     return result
 
 
@@ -70,7 +84,9 @@ def _measure(root: Path, bootstrap: str, levels: list[int], args) -> dict:
     finally:
         recorder.close(timeout=30)
     overhead = overhead_rows(runs, levels)
-    rows = [*serve_rows(runs), *overhead, *record_only]
+    serving = serve_rows(runs)
+    batching = batching_summary(serving)
+    rows = [*serving, *overhead, *record_only]
     reload = reload_summary(reloader, reload_runs)
     rows += reload.pop("rows")
     per_repeat = {row["concurrency"]: row.pop("per_repeat") for row in overhead}
@@ -85,7 +101,7 @@ def _measure(root: Path, bootstrap: str, levels: list[int], args) -> dict:
     return {
         "rows": rows, "levels": levels, "requests": args.requests, "max_tokens": args.max_tokens,
         "repeats": max(1, args.repeats), "recording_overhead": summary, "reload": reload,
-        "notes": _notes(args, summary, reload),
+        "batching": batching, "notes": [batching_note(batching), *_notes(args, summary, reload)],
     }  # fmt: skip
 
 
@@ -103,5 +119,5 @@ def _notes(args, overhead: dict, reload: dict) -> list[str]:
         f"{overhead['latency_p50_ms']:+.3f} ms p50 latency, {overhead['cpu_ms_per_call']:+.3f} ms CPU "
         f"per call (recording alone, paced: {overhead['recording_alone_paced_cpu_ms']:.3f} ms CPU); target < "
         f"{TARGET_OVERHEAD_MS:g} ms: {verdict}",
-        "reload: load = with_adapter (waits for the generation holding the model); pause = the swap",
+        "reload: load = with_checkpoint (waits for the decode step holding the model); pause = the swap",
     ]
