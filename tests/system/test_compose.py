@@ -1,8 +1,9 @@
 """docker-compose.yml for the at-scale path: the services, the learning loop (policy server, executor,
 rollout driver, console; vLLM under the `vllm` profile, the judge under `judge`), and every service's
-command parsed and validated by the CLI itself under the service's own environment. A compose client
-(`docker compose` or Debian's `docker-compose`) validates the file where one exists; without one that
-part skips, saying why."""
+command parsed and validated by the CLI itself under the service's own environment; the servers' keys
+are required (without one the file is refused, naming it, before any server restarts forever). A
+compose client (`docker compose` or Debian's `docker-compose`) validates the file where one exists;
+without one that part skips, saying why."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from infra.console.config import ConsoleConfig
 from infra.options.configs import config_from_args, config_from_settings
 from infra.options.env import apply_env_defaults
 from producers.policy.requests import PolicyConfig
+from producers.policy.upstream_api import api_base
 from producers.rollout.driver import RolloutConfig
 from schemas.errors import AgentstreamError
 from tests.support.processes import REPO
@@ -31,23 +33,42 @@ from tests.support.processes import REPO
 COMPOSE = REPO / "docker-compose.yml"
 LOOP = {"policy", "executor", "rollout", "console", "batch", "worker", "sink"}
 PROFILES = ("judge", "vllm")
-# What a user sets, as docs/operations.md ("At scale") says: a real base, the keys, vLLM in front.
+# What a user must set (docs/operations.md, "At scale"): the keys; the servers refuse to start without.
 POLICY_KEY = "policy-key-for-the-rollout-driver"
-DOCUMENTED = {
-    "AGENTSTREAM_BASE_MODEL": "/models/qwen2.5-0.5b",
+KEYS = {
     "AGENTSTREAM_POLICY_API_KEY": POLICY_KEY,
     "AGENTSTREAM_POLICY_API_KEY_HASHES": hashlib.sha256(POLICY_KEY.encode()).hexdigest(),
     "AGENTSTREAM_GATEWAY_API_KEY_HASHES": hashlib.sha256(b"gateway-key").hexdigest(),
+}
+# And what else the docs show: a real base, the judge.
+DOCUMENTED = {
+    **KEYS,
+    "AGENTSTREAM_BASE_MODEL": "/models/qwen2.5-0.5b",
     "AGENTSTREAM_EXPECT_JUDGE": "true",
     "ANTHROPIC_API_KEY": "sk-ant-test",
 }
-_VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+PROXY = {**KEYS, "AGENTSTREAM_POLICY_UPSTREAM": "http://vllm:8000/v1"}  # the vllm profile's line
+_VARIABLE = re.compile(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}")
+
+
+class MissingVariable(Exception):
+    """A `${NAME:?message}` whose NAME is unset or empty: compose refuses the file with the message."""
+
+
+def _value(match: re.Match, env: dict[str, str]) -> str:
+    name, kind, text = match[1], match[2], match[3] or ""
+    if env.get(name):
+        return env[name]
+    if kind == ":?":
+        raise MissingVariable(f"{name}: {text}")
+    return text if kind == ":-" else ""
 
 
 def interpolate(value, env: dict[str, str]):
-    """Compose's `${NAME}` / `${NAME:-default}` (default when unset or empty), through lists and maps."""
+    """Compose's `${NAME}`, `${NAME:-default}` (default when unset or empty) and `${NAME:?message}`
+    (MissingVariable when unset or empty), through lists and maps."""
     if isinstance(value, str):
-        return _VARIABLE.sub(lambda m: env.get(m[1]) or (m[2] or ""), value)
+        return _VARIABLE.sub(lambda m: _value(m, env), value)
     if isinstance(value, list):
         return [interpolate(v, env) for v in value]
     if isinstance(value, dict):
@@ -101,7 +122,7 @@ def test_agentstream_services_are_configured_by_environment(services):
 
 
 def test_the_loop_runs_on_the_built_in_engine_by_default_and_on_one_base(compose):
-    default = services_for({})
+    default = services_for(KEYS)  # only what must be set
     assert "profiles" not in default["policy"] and "--upstream" not in " ".join(default["policy"]["command"])
     assert default["policy"]["environment"]["AGENTSTREAM_POLICY_UPSTREAM"] == ""  # built-in engine
     assert default["executor"]["command"][1:3] == ["train", "--follow"]
@@ -149,14 +170,25 @@ def test_vllm_profile_runs_on_gpus_behind_the_proxy_and_sees_the_checkpoints(ser
         r"AGENTSTREAM_POLICY_UPSTREAM=(\S+)",
         COMPOSE.read_text() + (REPO / "docs" / "operations.md").read_text(),
     )
-    assert len(documented) >= 2, documented
-    for url in map(urlsplit, documented):
-        assert (url.hostname, url.port) == ("vllm", int(_option(vllm["command"], "--port"))), url
+    assert len(documented) >= 2 and PROXY["AGENTSTREAM_POLICY_UPSTREAM"] in documented, documented
+    vllm_api = f"http://vllm:{int(_option(vllm['command'], '--port'))}/v1"
+    for url in documented:  # as the proxy reads --upstream (a bad URL is its error)
+        assert api_base(url) == vllm_api, url
+
+
+def test_the_policy_server_proxies_to_vllm_with_the_documented_upstream(monkeypatch):
+    proxy = services_for(PROXY)
+    environment = proxy["policy"]["environment"]
+    assert api_base(environment["AGENTSTREAM_POLICY_UPSTREAM"]) == "http://vllm:8000/v1"
+    assert check_command(proxy["policy"]["command"], environment, monkeypatch) == "run_policy"
+    with pytest.raises(AgentstreamError, match="upstream"):  # the same check refuses a bad one
+        api_base(services_for({**PROXY, "AGENTSTREAM_POLICY_UPSTREAM": "ftp://vllm:8000"})["policy"]
+                 ["environment"]["AGENTSTREAM_POLICY_UPSTREAM"])  # fmt: skip
 
 
 def test_the_judge_profile_makes_the_workers_expect_the_judge(compose):
     assert compose["services"]["judge"]["profiles"] == ["judge"]
-    assert services_for({})["worker"]["environment"]["AGENTSTREAM_EXPECT_JUDGE"] == "false"
+    assert services_for(KEYS)["worker"]["environment"]["AGENTSTREAM_EXPECT_JUDGE"] == "false"
     assert services_for(DOCUMENTED)["worker"]["environment"]["AGENTSTREAM_EXPECT_JUDGE"] == "true"
 
 
@@ -215,10 +247,19 @@ def test_the_command_check_refuses_what_the_cli_refuses(command, environment, mo
         check_command(command, environment, monkeypatch)
 
 
-def test_the_policy_server_needs_its_keys_in_compose(monkeypatch):
-    policy = services_for({})["policy"]  # nothing set: it refuses to start (and says why)
+def test_compose_refuses_the_file_without_a_key_naming_it_and_where_to_read(monkeypatch):
+    """Without a key the servers would refuse to start and restart forever: compose stops first."""
+    for name in KEYS:
+        with pytest.raises(
+            MissingVariable, match=rf"^{name}: is required - .*docs/operations\.md \(At scale\)"
+        ):
+            services_for({k: v for k, v in KEYS.items() if k != name})
+        with pytest.raises(MissingVariable, match=name):
+            services_for({**KEYS, name: ""})
+    policy = services_for(KEYS)["policy"]  # and the server itself refuses to start without its keys
+    environment = {**policy["environment"], "AGENTSTREAM_POLICY_API_KEY_HASHES": ""}
     with pytest.raises(AgentstreamError, match="needs API keys"):
-        check_command(policy["command"], policy["environment"], monkeypatch)
+        check_command(policy["command"], environment, monkeypatch)
 
 
 def test_the_image_holds_every_package(compose):
@@ -260,7 +301,7 @@ def compose_cli() -> list[str]:
     return cli
 
 
-@pytest.mark.parametrize("env", [{}, DOCUMENTED], ids=["defaults", "documented"])
+@pytest.mark.parametrize("env", [KEYS, DOCUMENTED, PROXY], ids=["keys", "documented", "proxy"])
 def test_docker_compose_config_accepts_the_file_and_resolves_it_as_the_checks_do(compose_cli, env):
     profiles = [word for p in PROFILES for word in ("--profile", p)]
     result = subprocess.run(
@@ -275,3 +316,15 @@ def test_docker_compose_config_accepts_the_file_and_resolves_it_as_the_checks_do
         for key in ("command", "environment"):
             if key in service:
                 assert resolved[name][key] == service[key], (name, key)
+
+
+def test_docker_compose_config_refuses_the_file_without_the_keys(compose_cli):
+    profiles = [word for p in PROFILES for word in ("--profile", p)]
+    missing = {k: v for k, v in KEYS.items() if k != "AGENTSTREAM_POLICY_API_KEY_HASHES"}
+    result = subprocess.run(
+        [*compose_cli, "-f", str(COMPOSE), *profiles, "config"],
+        capture_output=True, text=True, cwd=REPO, env={"PATH": os.environ["PATH"], **missing},
+    )  # fmt: skip
+    said = result.stderr + result.stdout
+    assert result.returncode != 0 and "AGENTSTREAM_POLICY_API_KEY_HASHES" in said, said
+    assert "docs/operations.md (At scale)" in said, said
