@@ -11,7 +11,9 @@ Versions: `with_checkpoint(path, version)` loads a LoRA checkpoint into the upst
 runtime adapter API (vLLM's `POST /v1/load_lora_adapter`, named by the version; started with
 `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`) and returns a new engine that samples
 with `model=<version>`; the engine it was called on keeps sampling its own version until the
-service swaps, so a response never mixes versions. Old versions are unloaded
+service swaps, so a response never mixes versions; a load waits for the requests in flight and
+holds new ones until it is done (`LoadGate`: vLLM's CPU build was seen applying a freshly loaded
+adapter to requests mid-decode). Old versions are unloaded
 (upstream_versions.py says when). A full fine-tune (`model/`) is refused: vLLM has no weight-reload
 API to rely on (its CPU build least of all): `proxy_engine` refuses to start on one, a reload
 refuses it and the old version serves on. A name the upstream has already is re-loaded with
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -63,12 +66,76 @@ FULL_MODEL_REFUSED = (
 )
 
 
-class _Upstream:
-    """What the engines of one proxy share: the HTTP client, the loaded versions, the tokenizer's lock."""
+class LoadGate:
+    """Adapter loads wait until no request is in flight at the upstream, and requests wait while a
+    load runs.
 
-    def __init__(self, api: str, client: UpstreamHttp, versions: LoadedVersions):
+    Why: vLLM's CPU build (0.32.0) applies an adapter loaded at runtime to requests already
+    decoding: a base request that was mid-decode when `l1` loaded got `l1`'s LoRA from the next
+    step on (its logprobs match base for the first positions and base + `l1` after, exactly), so
+    one response would mix versions. Loads are rare (one per policy version) and a drain waits at
+    most for the requests in flight (each bounded by the HTTP timeout).
+
+    >>> gate = LoadGate()
+    >>> with gate.request():
+    ...     gate.running
+    1
+    >>> with gate.load(timeout_s=1):
+    ...     gate.running
+    0
+    """
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self.running = 0
+        self._loading = False
+
+    @contextmanager
+    def request(self):
+        with self._changed:
+            while self._loading:
+                self._changed.wait()
+            self.running += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.running -= 1
+                self._changed.notify_all()
+
+    @contextmanager
+    def load(self, timeout_s: float):
+        """Hold new requests, wait for the ones in flight, then run the load (EngineError when they
+        are not done within `timeout_s`; requests go on)."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self._loading:
+                self._changed.wait()
+            self._loading = True
+            while self.running:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._loading = False
+                    self._changed.notify_all()
+                    raise EngineError(f"{self.running} requests still in flight after {timeout_s:.0f}s")
+                self._changed.wait(left)
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._loading = False
+                self._changed.notify_all()
+
+
+class _Upstream:
+    """What the engines of one proxy share: the HTTP client, the loaded versions, the tokenizer's
+    lock, and the gate that keeps loads apart from requests."""
+
+    def __init__(self, api: str, client: UpstreamHttp, versions: LoadedVersions, timeout_s: float):
         self.api, self.client, self.versions = api, client, versions
         self.tokenizer_lock = threading.Lock()  # fast tokenizers are not thread-safe
+        self.gate = LoadGate()
+        self.drain_timeout_s = timeout_s + 10
 
     def post(self, path: str, body: dict, timeout_s: float | None = None):
         """POST to the upstream; a transport failure is an `UpstreamError` naming the upstream."""
@@ -110,7 +177,7 @@ class UpstreamEngine:
             raise EngineError(f"tokenizer {base}: the tokenizer has no chat template")
         client = UpstreamHttp(api, timeout_s)
         models = _list_models(client, api)
-        self._shared = _Upstream(api, client, LoadedVersions(keep_versions, models.adapters))
+        self._shared = _Upstream(api, client, LoadedVersions(keep_versions, models.adapters), timeout_s)
         self._neutral = models.owned_by != AGENTSTREAM_OWNER
         self.upstream = api
         self.tokenizer = tokenizer
@@ -146,7 +213,7 @@ class UpstreamEngine:
         called for each token once the whole reply is in (the upstream is not streamed)."""
         if not prompt_ids:
             raise EngineError("prompt_ids: empty")
-        with self._in_use():
+        with self._in_use(), self._shared.gate.request():
             response = self._shared.post(
                 "/completions", completion_body(self._model, prompt_ids, params, self._neutral)
             )
@@ -199,7 +266,11 @@ class UpstreamEngine:
         body = {"lora_name": version, "lora_path": str(adapter.resolve())}
         if versions.loaded(version):
             body["load_inplace"] = True
-        response = self._shared.post("/load_lora_adapter", body, timeout_s=120)
+        try:
+            with self._shared.gate.load(self._shared.drain_timeout_s):  # see LoadGate
+                response = self._shared.post("/load_lora_adapter", body, timeout_s=120)
+        except EngineError as exc:
+            raise EngineError(f"upstream {self._shared.api}: {version} not loaded: {exc}") from None
         if not response.is_success:
             raise EngineError(
                 f"upstream {self._shared.api} refused to load {version} from {adapter}: "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -102,21 +103,32 @@ def test_with_a_window_of_one_the_serving_version_stays_until_the_next_load(
     assert len(upstream.bodies("/v1/completions")) == 1
 
 
-def test_a_version_in_use_is_unloaded_only_when_its_request_ends(tokenizer_dir, upstream, tmp_path):
+def test_a_load_waits_for_the_request_in_flight_and_its_version_goes_when_it_ends(
+    tokenizer_dir, upstream, tmp_path
+):
     engine = UpstreamEngine(upstream.url, tokenizer_dir, keep_versions=1)
     v1 = engine.with_checkpoint(lora(tmp_path, "v1"), "v1")
     upstream.hold = threading.Event()
-    answers = []
+    answers, newest = [], []
     running = threading.Thread(target=lambda: answers.append(v1.generate(PROMPT, PARAMS)))
     running.start()
     assert upstream.started.acquire(timeout=10)  # v1's request is at the upstream
-    v3 = v1.with_checkpoint(lora(tmp_path, "v2"), "v2").with_checkpoint(lora(tmp_path, "v3"), "v3")
-    assert upstream.bodies("/v1/unload_lora_adapter") == [] and "v1" in upstream.loaded
+    loads = threading.Thread(
+        target=lambda: newest.append(
+            v1.with_checkpoint(lora(tmp_path, "v2"), "v2").with_checkpoint(lora(tmp_path, "v3"), "v3")
+        )
+    )
+    loads.start()
+    time.sleep(0.5)
+    # vLLM applies an adapter loaded mid-decode to the requests in flight: v2 waits (LoadGate)
+    assert [b["lora_name"] for b in upstream.bodies("/v1/load_lora_adapter")] == ["v1"]
     upstream.hold.set()
     running.join(timeout=10)
+    loads.join(timeout=10)
     assert answers[0][0].policy_version == "v1"
+    assert [b["lora_name"] for b in upstream.bodies("/v1/load_lora_adapter")] == ["v1", "v2", "v3"]
     assert [b["lora_name"] for b in upstream.bodies("/v1/unload_lora_adapter")] == ["v1"]
-    assert v3.generate(PROMPT, PARAMS)[0].policy_version == "v3"
+    assert newest[0].generate(PROMPT, PARAMS)[0].policy_version == "v3"
 
 
 def test_the_window_bookkeeping_forgets_an_unloaded_name():
