@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra.bench.children import scratch_broker
+from infra.bench.policy.engine_load import engine_rows
 from infra.bench.policy.gpu import gpu_comparison
 from infra.bench.policy.proxy import add_arguments as add_proxy_arguments
 from infra.bench.policy.proxy import proxy_comparison
@@ -74,6 +75,7 @@ def _measure(root: Path, bootstrap: str, levels: list[int], args) -> dict:
     recorder = AgentRecorder(bootstrap, root / "spool", agent="policy-server", model=engine.model_name)
     services = {"off": PolicyService(engine, None), "on": PolicyService(engine, recorder)}
     try:
+        alone = engine_rows(engine, levels, args)
         with policy_servers(services, args.workers) as urls:
             runs = serve_phase(urls, recorder, levels, args)
             rate = median([r["requests"] / r["seconds"] for r in runs[(min(levels), "on")]])
@@ -85,8 +87,8 @@ def _measure(root: Path, bootstrap: str, levels: list[int], args) -> dict:
         recorder.close(timeout=30)
     overhead = overhead_rows(runs, levels)
     serving = serve_rows(runs)
-    batching = batching_summary(serving)
-    rows = [*serving, *overhead, *record_only]
+    batching = batching_summary(serving, alone)
+    rows = [*serving, *alone, *overhead, *record_only]
     reload = reload_summary(reloader, reload_runs)
     rows += reload.pop("rows")
     per_repeat = {row["concurrency"]: row.pop("per_repeat") for row in overhead}

@@ -8,7 +8,6 @@ many left-padded prompts.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 from infra.bench.policy.client_load import (
     PROMPTS,
 )
+from infra.bench.policy.engine_load import engine_tokens
 from infra.bench.policy.table import table_row
 from infra.bench.report import median
 
@@ -73,7 +73,7 @@ def compare_generate(
 
     rates: dict[str, dict[int, float]] = {"ours": {}, "theirs": {}}
     for level in LEVELS:
-        ours = partial(_ours, engine, concurrency=level, max_tokens=max_tokens)
+        ours = partial(engine_tokens, engine, concurrency=level, max_tokens=max_tokens)
         rates["ours"][level] = _rate(ours, inputs, device, repeats)
         rates["theirs"][level] = _rate(partial(_in_batches, theirs, level), inputs, device, repeats)
     return _report(device, params, shape, max_tokens, rates, len(inputs))
@@ -98,32 +98,6 @@ def _report(device: str, params: int, shape: dict, max_tokens: int, rates: dict,
             f"of N = {shown} (LocalEngine also keeps each token's logprob)"
         ],
     }  # fmt: skip
-
-
-def _ours(engine, inputs: list[list[int]], concurrency: int, max_tokens: int) -> int:
-    """Tokens generated for `inputs` by `concurrency` threads calling `engine.generate`."""
-    from producers.policy.engine.sampling import SamplingParams
-
-    todo = list(enumerate(inputs))[::-1]
-    counts: list[int] = []
-    lock = threading.Lock()
-
-    def client() -> None:
-        while True:
-            with lock:
-                if not todo:
-                    return
-                number, ids = todo.pop()
-            samples = engine.generate(ids, SamplingParams(max_tokens=max_tokens, seed=number))
-            with lock:
-                counts.append(len(samples[0].token_ids))
-
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return sum(counts)
 
 
 def _in_batches(generate, size: int, inputs: list[list[int]]) -> int:

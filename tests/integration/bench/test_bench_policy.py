@@ -30,7 +30,9 @@ def test_the_policy_benchmark_writes_throughput_overhead_and_reload_figures(tmp_
 
     batching = document["batching"]  # tokens/s by concurrency; the 4x target needs levels 1 and 8
     assert set(batching["tokens_per_s"]) == {"1", "2"} and batching["ratio_to_lowest"]["1"] == 1.0
-    assert "target_met" not in batching
+    assert set(batching["engine_only_tokens_per_s"]) == {"1", "2"} and "target_met" not in batching
+    alone = [row for row in document["rows"] if row["case"].startswith("engine only")]
+    assert [row["concurrency"] for row in alone] == [1, 2] and all(row["tokens_per_s"] > 0 for row in alone)
 
     overhead = document["recording_overhead"]
     assert overhead["concurrency"] == 1 and overhead["target_ms"] == 2.0
