@@ -222,7 +222,7 @@ def test_trajectory_ids_are_bounded(server):
         ({"temperature": "hot"}, "temperature"),
         ({"temperature": 2.5}, "temperature"),
         ({"top_p": 0}, "top_p"),
-        ({"top_k": -1}, "top_k"),
+        ({"top_k": -2}, "top_k"),  # -1 is vLLM's "off", read as 0
         ({"max_tokens": 0}, "max_tokens"),
         ({"n": 17}, "n"),
         ({"seed": 1.5}, "seed"),
