@@ -28,8 +28,12 @@ and the policy server.
         ├── ReplayError             a trajectory that cannot be replayed (producers.rollout.replay)
         ├── EngineError             the policy server cannot load a base model or an adapter
         │                           (producers.policy.engine)
-        └── ApiError                a policy server request answered with an OpenAI-style error
-                                    (producers.policy.requests)
+        ├── ApiError                a policy server request answered with an OpenAI-style error
+        │   │                       (producers.policy.api_errors)
+        │   └── UpstreamError       the proxy's upstream failed: 502 / 503 / 504 naming it (also an
+        │                           EngineError, so the reloader counts a failed load; upstream_api)
+        └── StreamAbandoned         a stream's client left: its request stops sampling, nothing is
+                                    recorded (producers.policy.service)
 
 Messages name the field and the value received.
 """

@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from producers.errors import ProducerError
 from producers.policy.api_errors import ApiError
 from producers.policy.engine.sampling import cut_at_stop
 from producers.policy.requests import ChatRequest, TokenRequest, check_context, context_exceeded
@@ -61,7 +62,7 @@ class Stream:
     abandoned: threading.Event = field(default_factory=threading.Event)
 
 
-class StreamAbandoned(Exception):
+class StreamAbandoned(ProducerError):
     """Raised from `on_token` once a stream's client has gone: the engine ends that request (and
     frees its slot) instead of sampling to max_tokens for no one; nothing is recorded."""
 
