@@ -16,7 +16,6 @@ import dataclasses
 import time
 
 import httpx
-import pytest
 
 from clients.current_policy import CurrentPolicyReader, read_current_policy
 from clients.kafka import ensure_topics
@@ -34,13 +33,6 @@ from schemas.topics import POLICY_UPDATES, TOPICS
 from tests.support.policy import make_checkpoint, policy_server
 from tests.support.policy_updates import policy_update, publish_raw, publish_updates
 from tests.support.processes import wait_for
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from consumers.tiny_model import tiny_model_dir
-
-    return tiny_model_dir(tmp_path_factory.mktemp("models"))
 
 
 def fresh_answers(bootstrap: str, data_dir) -> dict[str, str | None]:

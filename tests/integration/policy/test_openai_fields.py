@@ -30,20 +30,6 @@ SAMPLING = {"max_tokens": 24, "temperature": 1.0}
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from consumers.tiny_model import tiny_model_dir
-
-    return tiny_model_dir(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny)
-
-
-@pytest.fixture(scope="module")
 def server(tmp_path_factory, shared_broker, tiny):
     root = tmp_path_factory.mktemp("policy-fields")
     with policy_server(root, shared_broker.bootstrap, tiny) as (url, _proc):

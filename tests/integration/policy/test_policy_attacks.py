@@ -24,20 +24,6 @@ SMALL = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "ma
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from consumers.tiny_model import tiny_model_dir
-
-    return tiny_model_dir(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny)
-
-
-@pytest.fixture(scope="module")
 def server(tmp_path_factory, shared_broker, tiny):
     root = tmp_path_factory.mktemp("policy-attacks")
     extra = ("--episode-context-tokens", str(BUDGET), "--allowed-hosts", "policy.test")

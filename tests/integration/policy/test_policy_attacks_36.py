@@ -23,13 +23,6 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from consumers.tiny_model import tiny_model_dir
-
-    return tiny_model_dir(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module")
 def server(tmp_path_factory, shared_broker, tiny):
     root = tmp_path_factory.mktemp("policy-attacks-36")
     with policy_server(root, shared_broker.bootstrap, tiny) as (url, _proc):

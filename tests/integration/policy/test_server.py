@@ -23,13 +23,6 @@ SAMPLING = {"max_tokens": 12, "temperature": 1.0, "seed": 7}
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from consumers.tiny_model import tiny_model_dir
-
-    return tiny_model_dir(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module")
 def local_engine(tiny):
     from producers.policy.engine.local import LocalEngine
 
