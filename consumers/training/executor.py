@@ -11,7 +11,23 @@ a `policy.updated` event per version. torch / transformers / peft are imported i
   importance weight min(exp(old - behaviour), C) against the logprobs recorded at sampling time
   (decoupled PPO; w = 1 where none were recorded or with `--is-correction none`), plus the KL term.
 - The learning rate follows `offpolicy.learning_rate_at` per optimizer step from `state.step`.
-- bf16 on GPU, fp32 on CPU.
+- bf16 on GPU, fp32 on CPU. `--gradient-checkpointing` recomputes activations in the backward
+  pass (less memory, more compute; non-reentrant, so LoRA needs no input-grad hook).
+- No silent truncation: a row (or a DPO pair with either side) longer than `--max-length` is left
+  out of the update and counted (`rows_over_max_length`, `tokens_over_max_length`: the tokens of
+  the rows left out, every side of a pair); a batch with every row over is a TrainerError.
+- Gradient accumulation: an optimizer step's gradient is the mean over its micro batches (each
+  micro batch's loss is a mean over its tokens); the last, partial step divides by the micro
+  batches it really has.
+- A group of ranks (`ranks`, `distributed.join_group`): each optimizer step holds
+  `gradient_accumulation_steps * world_size` micro batches and every rank trains its share
+  (`distributed.plan_steps`), so its gradient is the mean over all of them: N ranks with
+  accumulation a equal one process with a * N (fp32; the test holds them within 1e-5). LoRA
+  trains through DDP, a full fine-tune through FSDP2 (`fully_shard` per decoder layer; it runs on
+  CPU with gloo). Metrics are summed across ranks and are the same on every rank, and so is the
+  event (rank 0's, broadcast). Only rank 0 writes checkpoints (FSDP: the full state dict gathered
+  on rank 0); every rank resumes from the same checkpoint directory, so a group runs on one
+  machine or over a checkpoint directory every rank can read.
 - One base: `--base-model` (AGENTSTREAM_BASE_MODEL, the policy server's setting too). Each
   `policy.updated` names it (`base_model_id`, `tokenizer_hash`: `clients.base_model`), and a
   checkpoint trained on another base is refused at start rather than resumed.
@@ -32,8 +48,9 @@ from typing import Any
 from clients.base_model import base_model_id, tokenizer_hash
 from consumers.batching.tokenize import Encoded
 from consumers.errors import TrainerError
-from consumers.training import checkpoints
+from consumers.training import checkpoints, distributed
 from consumers.training.config import TrainConfig
+from consumers.training.distributed import Ranks, plan_steps
 from consumers.training.losses import (
     dpo_loss,
     grpo_loss,
@@ -51,23 +68,29 @@ from consumers.training.offpolicy import (
     lineage_fields,
 )
 from consumers.training.reference import ReferencePolicy
-from consumers.training.row_tensors import collate, encode_row
+from consumers.training.row_tensors import Fit, collate, encode_row, fit_rows
 from consumers.training.versions import TrainState, check_same_base, policy_event
 from schemas.events import PolicyUpdated
 
 log = logging.getLogger(__name__)
 
 
-class TrainingExecutor:
-    """Owns the model, the optimizer and the checkpoints under `<data_dir>/checkpoints`."""
+_SUMS = {"sft": (), "dpo": ("reward_margin", "pairs"), "grpo": ("trainable", "clipped", "kl")}
+_IS_SUMS = ("n", "ratio_sum", "w_sum", "w_sq", "truncated")
 
-    def __init__(self, config: TrainConfig, data_dir: str | Path):
+
+class TrainingExecutor:
+    """Owns the model, the optimizer and the checkpoints under `<data_dir>/checkpoints`; one rank
+    of a group when `ranks` says so (the group joined already: `distributed.join_group`)."""
+
+    def __init__(self, config: TrainConfig, data_dir: str | Path, ranks: Ranks | None = None):
         self.config = config
         self.data_dir = Path(data_dir)
         self.ckpt_root = self.data_dir / "checkpoints"
+        self.ranks = ranks or Ranks()
         self.state = TrainState()
         self._warned_versions: set[str] = set()
-        if config.is_correction == "none":
+        if config.is_correction == "none" and self.ranks.is_main:
             log.warning(
                 "executor: off-policy correction disabled (--is-correction none): GRPO trains on "
                 "samples from older versions without importance weights"
@@ -79,13 +102,23 @@ class TrainingExecutor:
     def _device(self):
         import torch
 
-        return torch.device(self.config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = torch.device(self.config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cuda" and self.ranks.distributed:
+            return torch.device("cuda", self.ranks.local_rank)
+        return device
+
+    @property
+    def _sharded(self) -> bool:
+        return self.ranks.distributed and not self.config.lora
 
     def base_path(self) -> Path:
         if self.config.base_model == "tiny":
             from consumers.tiny_model import tiny_model_dir
 
-            return tiny_model_dir(self.data_dir)
+            # rank 0 builds it first: once a group is joined, transformers saves weights on rank 0 only
+            built = tiny_model_dir(self.data_dir) if self.ranks.is_main else None
+            distributed.barrier(self.ranks)
+            return built or tiny_model_dir(self.data_dir)
         path = Path(self.config.base_model)
         if not path.exists():
             raise TrainerError(
@@ -94,6 +127,8 @@ class TrainingExecutor:
         return path
 
     def _load(self) -> None:
+        """Long: tokenizer, model (base or resumed; adapter; checkpointing; DDP/FSDP), optimizer
+        and state from the latest checkpoint, then the reference policy; the same on every rank."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -112,16 +147,27 @@ class TrainingExecutor:
         latest = checkpoints.latest_checkpoint(self.ckpt_root)
         weights = latest / "model" if latest is not None and not self.config.lora else base_dir
         model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype)
+        if self.config.gradient_checkpointing:
+            model.config.use_cache = False
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.config.lora:
             model = self._with_adapter(model, latest)
         self.model = model.to(device)
         self.model.train()
+        # The module forward passes with gradients go through (DDP around the model, or the model).
+        self.trained = distributed.wrap_model(self.model, self.ranks, sharded=self._sharded, device=device)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay
         )
         if latest is not None:
-            checkpoints.load_optimizer(self.optimizer, latest, device)
+            names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+            full = (
+                (lambda st: distributed.load_full_optimizer(self.model, self.optimizer, st))
+                if self._sharded
+                else None
+            )
+            checkpoints.load_optimizer(self.optimizer, latest, device, names, load_full=full)
             self.state = checkpoints.read_state(latest)
             check_same_base(self.state, self.base_model_id, self.tokenizer_hash, latest)
             log.info("executor: resumed %s at step %d", self.state.policy_version, self.state.step)
@@ -147,19 +193,25 @@ class TrainingExecutor:
         """A row (pre-tokenized, `messages`, or `prompt` + completion) with this executor's tokenizer."""
         return encode_row(self.tokenizer, row, completion_key)
 
-    def _collate(self, encoded: list[Encoded], *extras: list[list[float]], keep_end: bool = False):
-        pad_id, limit = self.tokenizer.pad_token_id, self.config.max_length
-        return collate(
-            encoded, *extras, pad_id=pad_id, max_length=limit, device=self._device(), keep_end=keep_end
-        )
+    def _encode(self, row: dict[str, Any], method: str) -> tuple[Encoded, ...]:
+        if method == "dpo":
+            return self.encode_row(row, "chosen"), self.encode_row(row, "rejected")
+        return (self.encode_row(row),)
 
-    def _logits(self, ids, attention):
-        return self.model(input_ids=ids, attention_mask=attention).logits
+    def _collate(self, encoded: list[Encoded], *extras: list[list[float]]):
+        pad_id, limit = self.tokenizer.pad_token_id, self.config.max_length
+        return collate(encoded, *extras, pad_id=pad_id, max_length=limit, device=self._device())
+
+    def _logits(self, ids, attention, *, grad: bool = True):
+        """Logits through the trained module (DDP/FSDP: the gradient is synchronised) or, without
+        gradients, through the model itself (FSDP: the same module, its passes line up by plan)."""
+        module = self.trained if grad else self.model
+        return module(input_ids=ids, attention_mask=attention).logits
 
     # --- losses per method ---------------------------------------------------------------------
 
-    def _sft_micro(self, rows: list[dict[str, Any]]):
-        encoded = [self.encode_row(r) for r in rows]
+    def _sft_micro(self, rows: list[dict[str, Any]], encoded: list[tuple[Encoded, ...]]):
+        encoded = [e for (e,) in encoded]
         weights = None
         if self.config.step_weighted_loss:
             weights = [
@@ -169,13 +221,11 @@ class TrainingExecutor:
         ids, labels, attention, w = self._collate(encoded, *([weights] if weights else []))
         return sft_loss(self._logits(ids, attention), labels, w[0] if w else None), int(attention.sum())
 
-    def _dpo_micro(self, rows: list[dict[str, Any]]):
+    def _dpo_micro(self, rows: list[dict[str, Any]], pairs: list[tuple[Encoded, ...]]):
         import torch
 
-        encoded = [self.encode_row(r, "chosen") for r in rows] + [
-            self.encode_row(r, "rejected") for r in rows
-        ]
-        ids, labels, attention, _ = self._collate(encoded, keep_end=True)
+        encoded = [c for c, _ in pairs] + [r for _, r in pairs]
+        ids, labels, attention, _ = self._collate(encoded)
         ref = self.reference.token_logps(self.model, ids, labels, attention).sum(-1)
         policy = token_logprobs(self._logits(ids, attention), labels)[0].sum(-1)
         n = len(rows)
@@ -184,8 +234,8 @@ class TrainingExecutor:
             margin = ((policy[:n] - ref[:n]) - (policy[n:] - ref[n:])).mean().item()
         return loss, int(attention.sum()), {"reward_margin": margin}
 
-    def _grpo_tensors(self, rows: list[dict[str, Any]]):
-        encoded = [self.encode_row(r) for r in rows]
+    def _grpo_tensors(self, rows: list[dict[str, Any]], encoded: list[tuple[Encoded, ...]] | None = None):
+        encoded = [e for (e,) in encoded] if encoded is not None else [self.encode_row(r) for r in rows]
         advantages = []
         for e, r in zip(encoded, rows, strict=True):
             per_step = r.get("step_advantages")
@@ -198,47 +248,101 @@ class TrainingExecutor:
 
     # --- training ------------------------------------------------------------------------------
 
-    def train_rows(self, rows: list[dict[str, Any]], method: str) -> dict[str, float]:
-        """Train `epochs` passes over `rows` with one method; returns metrics (loss of the last pass;
-        for GRPO the importance-weight, clip and KL figures too)."""
+    def _fit(self, rows: list[dict[str, Any]], method: str, batch_id: str):
+        """The rows that fit `--max-length` with their encodings, and what was left out."""
+        encoded = [self._encode(r, method) for r in rows]
+        fit = fit_rows([tuple(len(e.input_ids) for e in sides) for sides in encoded], self.config.max_length)
+        if not fit.kept:
+            raise TrainerError(
+                f"--max-length: every one of the {len(rows)} rows of batch {batch_id} is over "
+                f"--max-length {self.config.max_length} (the longest has {fit.longest} tokens); "
+                "raise --max-length or build shorter rows"
+            )
+        if fit.rows_over and self.ranks.is_main:
+            log.warning(
+                "executor: batch %s: %d of %d rows over --max-length %d (longest %d tokens, %d tokens in "
+                "all) left out of the update",
+                batch_id, fit.rows_over, len(rows), self.config.max_length, fit.longest, fit.tokens_over,
+            )  # fmt: skip
+        return [rows[i] for i in fit.kept], [encoded[i] for i in fit.kept], fit
+
+    def train_rows(self, rows: list[dict[str, Any]], method: str, batch_id: str = "rows") -> dict[str, float]:
+        """Long: train `epochs` passes over `rows` with one method (this rank's share of each
+        optimizer step, see the module docstring); returns metrics summed over ranks, the same on
+        every rank (loss of the last pass; GRPO's importance-weight, clip and KL figures; the rows
+        left out for `--max-length`)."""
         if method not in ("sft", "dpo", "grpo"):
             raise TrainerError(f"--method: expected sft, dpo or grpo, got {method!r}")
         if not rows:
             raise TrainerError(f"batch: no rows to train on with method {method!r}")
+        rows, encoded, fit = self._fit(rows, method, batch_id)
         size = self.config.micro_batch_size
-        micro = [rows[i : i + size] for i in range(0, len(rows), size)]
-        start, first, tokens = time.perf_counter(), None, 0
+        micro = [(rows[i : i + size], encoded[i : i + size]) for i in range(0, len(rows), size)]
+        plan = plan_steps(len(micro), self.config.gradient_accumulation_steps, self.ranks)
+        slots = [(i, n) for mine, n in plan for i in mine]  # None: a zero-weight pass (micro batch 0)
+        start = time.perf_counter()
         prepared, is_parts = [], []
         if method == "grpo":
-            prepared, is_parts = zip(*(self._grpo_prepare(m) for m in micro), strict=True)
-        for _ in range(self.config.epochs):
-            losses, sums, steps = [], {}, []
-            for i, chunk in enumerate(micro):
-                loss, n, extra = self._micro_loss(method, chunk, prepared[i] if prepared else None)
-                (loss / self.config.gradient_accumulation_steps).backward()
-                tokens += n
-                losses.append(float(loss.detach()))
-                for key, value in extra.items():
-                    sums[key] = sums.get(key, 0.0) + value
-                if (i + 1) % self.config.gradient_accumulation_steps == 0 or i == len(micro) - 1:
-                    steps.append(self._optimizer_step())
-            first = sum(losses) / len(losses) if first is None else first
-        elapsed = time.perf_counter() - start
+            for i, _ in slots:
+                tensors, stats = self._grpo_prepare(*micro[0 if i is None else i])
+                prepared.append(tensors)
+                is_parts += [stats] if i is not None else []
+        local = {"tokens": 0.0, "first_loss": 0.0, "micros": 0.0}
+        for epoch in range(self.config.epochs):
+            local |= {"loss": 0.0} | {k: 0.0 for k in _SUMS[method]}
+            steps = []  # (lr, grad norm) of the last epoch's optimizer steps
+            k = 0
+            for mine, n in plan:
+                for j, i in enumerate(mine):
+                    chunk = micro[0 if i is None else i]
+                    with distributed.gradient_sync(self.trained, sync=j == len(mine) - 1):
+                        loss, tokens, extra = self._micro_loss(
+                            method, chunk, prepared[k] if prepared else None
+                        )
+                        scale = 0.0 if i is None else self.ranks.world_size / n
+                        (loss * scale).backward()
+                    k += 1
+                    if i is None:
+                        continue
+                    local["tokens"] += tokens
+                    local["loss"] += float(loss.detach())
+                    local["micros"] += 1.0 if epoch == 0 else 0.0
+                    for key, value in extra.items():
+                        local[key] += value
+                steps.append(self._optimizer_step())
+            if epoch == 0:
+                local["first_loss"] = local["loss"]
+        return self._metrics(method, local, is_parts, steps, time.perf_counter() - start, fit)
+
+    def _metrics(self, method, local, is_parts, steps, elapsed, fit: Fit) -> dict[str, float]:
+        """This rank's sums summed over ranks (`all_sum`): the same figures on every rank."""
+        for key in _IS_SUMS:
+            local[f"is_{key}"] = sum(p[key] for p in is_parts)
+        total = distributed.all_sum(self.ranks, local)
+        most = distributed.all_max(
+            self.ranks,
+            {"elapsed": elapsed, "ratio_max": max((p["ratio_max"] for p in is_parts if p["n"]), default=0.0)},
+        )
+        part = {key: total[f"is_{key}"] for key in _IS_SUMS} | {"ratio_max": most["ratio_max"]}
+        micros = total["micros"]
         return {
-            "loss": sum(losses) / len(losses),
-            "loss_first_epoch": first,
-            "tokens": float(tokens),
-            "tokens_per_s": tokens / elapsed,
+            "loss": total["loss"] / micros,
+            "loss_first_epoch": total["first_loss"] / micros,
+            "tokens": total["tokens"],
+            "tokens_per_s": total["tokens"] / max(most["elapsed"], 1e-9),
             "lr": steps[-1][0],
             "grad_norm": sum(g for _, g in steps) / len(steps),
-            **epoch_metrics(method, sums, is_parts),
+            "rows_over_max_length": float(fit.rows_over),
+            "tokens_over_max_length": float(fit.tokens_over),
+            **epoch_metrics(method, total, [part] if method == "grpo" else []),
         }
 
-    def _micro_loss(self, method: str, chunk: list[dict[str, Any]], prepared):
+    def _micro_loss(self, method: str, chunk, prepared):
+        rows, encoded = chunk
         if method == "sft":
-            return (*self._sft_micro(chunk), {})
+            return (*self._sft_micro(rows, encoded), {})
         if method == "dpo":
-            loss, n, extra = self._dpo_micro(chunk)
+            loss, n, extra = self._dpo_micro(rows, encoded)
             return loss, n, {"reward_margin": extra["reward_margin"], "pairs": 1.0}
         return self._grpo_micro(*prepared)
 
@@ -256,16 +360,16 @@ class TrainingExecutor:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
-        return lr, float(norm)
+        return lr, distributed.scalar(norm)
 
-    def _grpo_prepare(self, rows):
+    def _grpo_prepare(self, rows, encoded=None):
         """A micro batch's tensors and what stays fixed over the epochs: old logprobs (the weights
         before the update, no_grad), the TIS weights, the reference logprobs; plus IS statistics."""
         import torch
 
-        ids, labels, attention, adv, behaviour = self._grpo_tensors(rows)
+        ids, labels, attention, adv, behaviour = self._grpo_tensors(rows, encoded)
         with torch.no_grad():
-            old, mask = token_logprobs(self._logits(ids, attention), labels)
+            old, mask = token_logprobs(self._logits(ids, attention, grad=False), labels)
         has = mask & ~torch.isnan(behaviour)
         truncation = self.config.is_truncation if self.config.is_correction == "tis" else None
         weight, ratio = tis_weights(old, torch.nan_to_num(behaviour), has, truncation)
@@ -289,18 +393,20 @@ class TrainingExecutor:
         admission = admit_groups(rows, self.state.policy_version, self.config.max_staleness)
         for version in set(admission.unknown_versions) - self._warned_versions:
             self._warned_versions.add(version)
-            log.warning("executor: behaviour version %r has no number: its groups are dropped", version)
+            if self.ranks.is_main:
+                log.warning("executor: behaviour version %r has no number: its groups are dropped", version)
         return admission
 
     def train_batch(
         self, rows: list[dict[str, Any]], method: str, batch_id: str, *, source_ranges: dict | None = None
     ) -> PolicyUpdated | None:
         """Train on one batch, checkpoint, and return the `policy.updated` event to publish; None
-        (no version) when GRPO admitted no group (all too stale): the batch is recorded as done."""
+        (no version) when GRPO admitted no group (all too stale): the batch is recorded as done.
+        In a group every rank calls it with the same batch and gets the same event."""
         admission = self._admit(rows) if method == "grpo" else None
         if admission is not None and not admission.rows:
             return self._drop_batch(batch_id, admission)
-        metrics = self.train_rows(admission.rows if admission else rows, method)
+        metrics = self.train_rows(admission.rows if admission else rows, method, batch_id)
         dropped = (admission.dropped_groups if admission else 0) + self.state.pending_dropped
         metrics["dropped_groups"] = float(dropped)
         metrics["trained_groups"] = float(admission.trained_groups if admission else 0)
@@ -319,26 +425,42 @@ class TrainingExecutor:
             tokenizer_hash=self.tokenizer_hash,
             **lineage,
         )
+        event = distributed.broadcast_object(self.ranks, event)  # one event (its time) on every rank
         self.state.last_event = json.loads(event.model_dump_json())
-        checkpoints.save_checkpoint(
-            self.ckpt_root, self.state, self.model, self.tokenizer, self.optimizer, self.config.lora
-        )
-        log.info(
-            "executor: %s on %s -> %s (loss %.4f, %d groups dropped)",
-            method, batch_id, self.state.policy_version, metrics["loss"], dropped,
-        )  # fmt: skip
+        self._save()
+        if self.ranks.is_main:
+            log.info(
+                "executor: %s on %s -> %s (loss %.4f, %d groups dropped)",
+                method, batch_id, self.state.policy_version, metrics["loss"], dropped,
+            )  # fmt: skip
         return event
+
+    def _save(self) -> None:
+        """Rank 0 writes the checkpoint (FSDP: the full state gathered by every rank first); every
+        rank returns once it is committed."""
+        model_state, optimizer_state = distributed.full_state(
+            self.model, self.optimizer, self.ranks, sharded=self._sharded
+        )
+        if self.ranks.is_main:
+            checkpoints.save_checkpoint(
+                self.ckpt_root, self.state, self.model, self.tokenizer, self.optimizer, self.config.lora,
+                model_state=model_state, optimizer_state=optimizer_state,
+            )  # fmt: skip
+        distributed.barrier(self.ranks)
 
     def _drop_batch(self, batch_id: str, admission: Admission) -> None:
         self.state.drop_batch(batch_id, admission.dropped_groups)
-        checkpoints.save_state(self.ckpt_root, self.state)
-        log.warning(
-            "executor: %s: all %d groups over --max-staleness %d behind %s; dropped, no new version",
-            batch_id, admission.dropped_groups, self.config.max_staleness, self.state.policy_version,
-        )  # fmt: skip
+        if self.ranks.is_main:
+            checkpoints.save_state(self.ckpt_root, self.state)
+            log.warning(
+                "executor: %s: all %d groups over --max-staleness %d behind %s; dropped, no new version",
+                batch_id, admission.dropped_groups, self.config.max_staleness, self.state.policy_version,
+            )  # fmt: skip
+        distributed.barrier(self.ranks)
 
     def logits(self, input_ids: list[int]):
-        """Logits of one sequence (eval mode, no grad) — for checks and tests."""
+        """Logits of one sequence (eval mode, no grad) — for checks and tests (FSDP: a collective,
+        every rank calls it)."""
         import torch
 
         self.model.eval()
