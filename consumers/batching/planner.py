@@ -16,6 +16,12 @@ the others are left out, logged and counted in the batch's `builder_config`
 `min_group_size` members is dropped whole (counted too). A kind's own counts since the previous
 batch (`BatchKind.report`, e.g. GRPO's `left_out_by_tokenizer`) go in the same place.
 
+Evaluation never trains (schema 1.5): a trajectory whose `purpose` is not "train" (`agentstream eval`
+marks its episodes "eval"), or whose purpose is unknown because its `episode.started` never arrived
+(an incomplete emission under `--no-require-complete`), is offered to no lane and withdrawn from any
+lane holding an earlier revision; each lane counts them in its next batch's `builder_config`
+(`left_out_by_purpose`) and the planner keeps the running total (`left_out_by_purpose`).
+
 `commit_positions` gives, per partition, the offset that is safe to commit: the lowest offset still
 pending in any lane, or everything consumed when nothing is pending there. After a crash, replay from
 there rebuilds the pending state, and trajectories already in a manifest are skipped.
@@ -131,6 +137,7 @@ class Lane:
         self.ready_since: float | None = None
         self.done: set[str] = set()
         self.hashes: dict[str, str] = {}
+        self.left_out_by_purpose = 0  # trajectories not for training since the last batch
 
     def eligible(self, t: TrajectoryScored) -> bool:
         return self.spec.eligible(self.builder, t, self.planner.context())
@@ -189,7 +196,17 @@ class Lane:
         trajectories = [e.trajectory for e in entries]
         rows = self.spec.rows(self.builder, trajectories, self.planner.context())
         settings = self.spec.settings(self.planner.config) | self.spec.report(self.builder)
-        return PlannedBatch(self.kind, rows, entries, settings)
+        return PlannedBatch(self.kind, rows, entries, settings | self.take_purpose_count())
+
+    def not_for_training(self, trajectory_id: str) -> None:
+        """A trajectory of another purpose than training: withdraw any earlier revision, count it."""
+        self.withdraw(trajectory_id)
+        self.left_out_by_purpose += 1
+
+    def take_purpose_count(self) -> dict[str, int]:
+        """The count for the next batch's `builder_config`, reset."""
+        count, self.left_out_by_purpose = self.left_out_by_purpose, 0
+        return {"left_out_by_purpose": count}
 
     def committed(self, batch: PlannedBatch) -> None:
         self.done.update(e.trajectory.trajectory_id for e in batch.entries)
@@ -327,10 +344,14 @@ class GroupLane(Lane):
         for g in groups:
             rows += self.rows(g)
         entries = [m.item for g in groups for m in g.members]
-        definitions = {
-            "reward_definitions": sorted({m.trajectory.definition() for g in groups for m in g.members}),
-            "left_out_by_definition": self.left_out,
-        } | self.spec.report(self.builder)  # e.g. GRPO's steps left out for their tokenizer
+        definitions = (
+            {
+                "reward_definitions": sorted({m.trajectory.definition() for g in groups for m in g.members}),
+                "left_out_by_definition": self.left_out,
+            }
+            | self.spec.report(self.builder)
+            | self.take_purpose_count()
+        )  # e.g. GRPO's tokenizer count
         self.left_out = 0
         extra = {
             "groups": len(groups),
@@ -344,6 +365,21 @@ class GroupLane(Lane):
     def rows(self, group: Group[Entry]) -> list[dict[str, Any]]:
         context = replace(self.planner.context(), complete=group.complete)
         return self.spec.rows(self.builder, group.trajectories, context)
+
+
+def for_training(trajectory: TrajectoryScored) -> bool:
+    """Whether batches may be built from `trajectory`: its purpose is "train" and known (its
+    `episode.started` arrived; without it the purpose is the default, not the producer's word).
+
+    >>> from datetime import UTC, datetime
+    >>> t = TrajectoryScored(event_id="e", trajectory_id="t", occurred_at=datetime.now(UTC), producer="p",
+    ...                      task_id="x")
+    >>> for_training(t), for_training(t.model_copy(update={"purpose": "eval"}))
+    (True, False)
+    >>> for_training(t.model_copy(update={"missing": ["episode.started"]}))
+    False
+    """
+    return trajectory.purpose == "train" and "episode.started" not in trajectory.missing
 
 
 def _definitions(group: Group[Entry]) -> set[str]:
@@ -371,6 +407,7 @@ class Planner:
         self.current_update: PolicyUpdated | None = None  # the current policy (schemas.policy_versions)
         self.lanes: dict[str, Lane] = {kind: self._lane(kind) for kind in config.kinds}
         self.other_versions: dict[str, int] = {}  # reward version -> trajectories skipped for it
+        self.left_out_by_purpose = 0  # trajectories not for training (evaluation), since start
         for kind, lane in self.lanes.items():
             lane.done = set((known_ids or {}).get(kind, ()))
             lane.hashes = dict((known_hashes or {}).get(kind, {}))
@@ -399,11 +436,24 @@ class Planner:
                 )  # fmt: skip
             self.other_versions[trajectory.reward_version] = skipped + 1
             return
+        if not for_training(trajectory):
+            self._leave_out(trajectory, source)
+            return
         if self.config.require_complete and not trajectory.complete:
             return
         entry = Entry(trajectory, source, content_hash(trajectory))
         for lane in self.lanes.values():
             lane.offer(entry, now)
+
+    def _leave_out(self, trajectory: TrajectoryScored, source: Record) -> None:
+        if not self.left_out_by_purpose:
+            log.info(
+                "trainer: leaving out trajectories not for training (purpose %r), first %s %s[%d]@%d",
+                trajectory.purpose, trajectory.trajectory_id, source.topic, source.partition, source.offset,
+            )  # fmt: skip
+        self.left_out_by_purpose += 1
+        for lane in self.lanes.values():
+            lane.not_for_training(trajectory.trajectory_id)
 
     def policy_updated(self, event: PolicyUpdated) -> None:
         """Fold one `policy.updated` into the current policy (by version order, not arrival)."""

@@ -35,8 +35,8 @@ COLUMNS = (
     "total_reward, complete, missing, reward_version, reward_definition, calibration_version, started_at, "
     "ended_at, steps, metadata"
 )
-FILTER = (
-    "complete = 1 AND if(length({versions:Array(String)}) = 0, "
+FILTER = (  # evaluation episodes (purpose 'eval', schema 1.5) never become training data
+    "complete = 1 AND purpose = 'train' AND if(length({versions:Array(String)}) = 0, "
     "reward_version = (SELECT reward_version FROM agentstream.reward_version_default), "
     "has({versions:Array(String)}, reward_version))"
 )

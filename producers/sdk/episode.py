@@ -42,6 +42,7 @@ class EpisodeIdentity:
     group_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     reference_steps: int | None = None
+    purpose: str = "train"  # "eval": batch builders never train on the episode (schema 1.5)
 
 
 def build_event(event_model: type[EventBase], **fields: Any) -> EventBase:
@@ -112,6 +113,7 @@ class EpisodeLog:
             group_id=i.group_id,
             metadata=i.metadata,
             reference_steps=i.reference_steps,
+            purpose=i.purpose,
         )
 
     def step(self, **fields: Any) -> StepRecorded:

@@ -83,6 +83,8 @@ class AgentRecorder:
     `AGENTSTREAM_BOOTSTRAP_SERVERS`, `AGENTSTREAM_DATA_DIR`). `follow_policy=True` stamps each new
     episode with the newest `policy_version` published on `policy.updates` (cached `policy_ttl_s`).
     `on_delivered(records)` is called from the delivery thread after each acknowledged chunk.
+    `purpose="eval"` marks every episode as an evaluation (`episode.started.purpose`): batch builders
+    never train on it.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class AgentRecorder:
         model: str = "",
         policy_version: str | None = None,
         follow_policy: bool = False,
+        purpose: str = "train",
         config: RecorderConfig | None = None,
         on_delivered: Callable[[list[SpoolRecord]], None] | None = None,
         **options: Any,
@@ -112,6 +115,9 @@ class AgentRecorder:
         self.bootstrap_servers = bootstrap_servers
         self.data_dir = Path(data_dir)
         self.agent, self.model, self.policy_version = agent, model, policy_version
+        if purpose not in ("train", "eval"):
+            raise ProducerError(f"purpose={purpose!r}: expected 'train' or 'eval'")
+        self.purpose = purpose  # stamped on every episode.started (schema 1.5)
         self.redactor = load_redactor(self.config.settings_file, self.data_dir)
         self._policy = PolicyFollower(bootstrap_servers, self.config.policy_ttl_s) if follow_policy else None
         cfg = self.config
@@ -178,6 +184,7 @@ class AgentRecorder:
             group_id=group_id,
             metadata=dict(metadata or {}),
             reference_steps=reference_steps,
+            purpose=self.purpose,
         )
 
     def current_policy_version(self) -> str | None:

@@ -20,7 +20,7 @@ from schemas.bounded import (
     Text,
     TokenIds,
 )
-from schemas.events.envelope import REDACTIONS_HELP, EventBase
+from schemas.events.envelope import PURPOSE_HELP, REDACTIONS_HELP, EventBase, Purpose
 from schemas.limits import MAX_STEPS
 
 
@@ -36,6 +36,7 @@ class EpisodeStarted(EventBase):
     reference_steps: StepCount | None = Field(None, description="reference step count, for efficiency")
     metadata: JsonDict = Field(default_factory=dict)
     redactions: Count = Field(0, description=REDACTIONS_HELP)
+    purpose: Purpose = Field("train", description=PURPOSE_HELP)
 
 
 class StepAction(BaseModel):

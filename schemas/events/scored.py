@@ -9,7 +9,7 @@ from pydantic import AwareDatetime, Field
 
 from schemas.bounded import Count, Id, JsonDict, Logprobs, Score, StepCount, TokenIds
 from schemas.events.agent import StepAction
-from schemas.events.envelope import EventBase
+from schemas.events.envelope import PURPOSE_HELP, EventBase, Purpose
 from schemas.limits import MAX_STEPS
 
 
@@ -87,6 +87,7 @@ class TrajectoryScored(EventBase):
     started_at: AwareDatetime | None = None
     ended_at: AwareDatetime | None = None
     metadata: JsonDict = Field(default_factory=dict)
+    purpose: Purpose = Field("train", description=PURPOSE_HELP)
 
     def definition(self) -> str:
         """`reward_definition`, or for an event written before 1.2 the one its step scores imply."""

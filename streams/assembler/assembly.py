@@ -89,6 +89,7 @@ STARTED_FIELDS = (
     "policy_version",
     "group_id",
     "reference_steps",
+    "purpose",  # since 1.5: batch builders train on "train" episodes only
 )
 
 

@@ -127,7 +127,6 @@ def score_trajectory(
     rule_version: str | None = None,
 ) -> TrajectoryScored:
     """The trajectory's content (event_id and revision are filled in by `Assembly.decide`).
-
     `wait_s`: the wait that ran out (named in the missing reasons); `rule_version`: `_reward_version`."""
     started = a.started or {}
     domain = started.get("domain") or "generic"
@@ -167,6 +166,7 @@ def score_trajectory(
         started_at=datetime.fromisoformat(started["at"]) if a.started else None,
         ended_at=datetime.fromisoformat(a.ended["at"]) if a.ended else None,
         metadata=started.get("metadata") or {},
+        purpose=started.get("purpose") or "train",  # state stored before 1.5 has none
     )
 
 
