@@ -80,6 +80,8 @@ def _bounded_json_item(value: Any) -> Any:
 
 _INF = float("inf")
 JsonDict = Annotated[dict[str, Any], AfterValidator(_bounded_json)]
+# an object inside a list field (a batch.rows chunk's rows): free-form, bounded like JsonDict
+JsonObjectItem = Annotated[dict[str, Any], AfterValidator(_bounded_json_item)]
 # an item of `samples`: free-form, but its token ids are checked as the step's own are
 JsonItem = Annotated[
     dict[str, Any],

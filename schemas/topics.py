@@ -65,11 +65,12 @@ TOPICS: dict[str, TopicSpec] = {
         ),
         TopicSpec(
             TRAINING_BATCHES,
-            ("batch.built",),
+            ("batch.rows", "batch.built"),
             partitions=1,
             key="batch_id",
             config={"cleanup.policy": "delete", "retention.ms": "-1"},
-            description="training batches written by the trainer consumer (keyed by batch id)",
+            description="training batches from the trainer consumer: each batch's rows in batch.rows chunks, "
+            "then its batch.built (keyed by batch id)",
         ),
         TopicSpec(
             POLICY_UPDATES,

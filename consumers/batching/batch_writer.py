@@ -7,6 +7,10 @@ the `batch.built` event is acknowledged, an empty `<id>.published` marker is wri
 trajectories were never committed and will be replayed), and returns what the manifests say is
 already batched, plus the manifests whose event may be missing (no marker): the consumer re-publishes
 those with the same deterministic event id.
+
+Since 1.5 the rows also travel in the log (`consumers.batching.row_chunks`): the manifest records how
+many `batch.rows` chunks precede the event and the rows' canonical checksum. The file stays the
+trainer's own record (recovery re-publishes the chunks from it); an executor no longer reads it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import orjson
 
 from clients.files import fsync_dir
 from consumers.batching.kinds import KINDS
-from schemas.events import BatchBuilt
+from consumers.batching.row_chunks import chunk_events, chunk_rows, rows_sha256
+from consumers.errors import TrainerError
+from schemas.events import BatchBuilt, BatchRows
 from schemas.ids import derived_event_id
 
 log = logging.getLogger(__name__)
@@ -51,6 +57,10 @@ class BatchManifest:
     extra: dict[str, Any] = field(default_factory=dict)
     source_ranges: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     """topic -> partition -> [first, last] offset of the records the batch was built from."""
+    chunks: int = 0
+    """`batch.rows` events carrying the rows before the event (0: a manifest from before 1.5)."""
+    rows_sha256: str = ""
+    """sha256 of the rows' canonical JSONL, as the chunks carry them ('' before 1.5)."""
 
     def event(self) -> BatchBuilt:
         """The `batch.built` event; its id depends only on the batch, so a re-publish is a duplicate."""
@@ -72,7 +82,30 @@ class BatchManifest:
             policy_versions=self.policy_versions,
             builder_config=self.builder_config,
             sha256=self.sha256,
+            chunks=self.chunks,
+            rows_sha256=self.rows_sha256,
         )
+
+    def events(self) -> list[BatchRows | BatchBuilt]:
+        """Everything published for this batch, in order: its `batch.rows` chunks (the rows read back
+        from its file) and then its `batch.built`."""
+        chunks = self.chunk_events(read_rows(self.path)) if self.chunks else []
+        return [*chunks, self.event()]
+
+    def chunk_events(self, rows: list[dict[str, Any]]) -> list[BatchRows]:
+        """The `batch.rows` events of `rows` (the batch's rows, as the file holds them), the same
+        events (ids included) on every call; none for a manifest from before 1.5."""
+        if not self.chunks:
+            return []
+        events = chunk_events(
+            self.batch_id, self.kind, rows, datetime.fromisoformat(self.created_at), PRODUCER
+        )
+        if len(events) != self.chunks or (events and events[0].rows_sha256 != self.rows_sha256):
+            raise TrainerError(
+                f"batch {self.batch_id}: its rows in {self.path} no longer match the manifest "
+                f"(chunks {len(events)} vs {self.chunks}, rows_sha256 vs {self.rows_sha256!r})"
+            )
+        return events
 
 
 @dataclass
@@ -157,7 +190,10 @@ class BatchStore:
             return load_manifest(existing)
         data = encode_rows(rows, fmt)
         data_path = directory / f"{batch_id}.{fmt}"
+        chunk_rows(rows, batch_id)  # a row no event can carry is refused before anything is written
         atomic_write(data_path, data)
+        # the chunks carry the rows as the file gives them back (Parquet fills absent keys with None)
+        travelling = rows if fmt == "jsonl" else read_rows(data_path)
         manifest = BatchManifest(
             batch_id=batch_id,
             kind=kind,
@@ -167,6 +203,8 @@ class BatchStore:
             sha256=hashlib.sha256(data).hexdigest(),
             created_at=datetime.now(UTC).isoformat(),
             sequence=sum(1 for _ in directory.glob("*.manifest.json")),
+            chunks=len(chunk_rows(travelling, batch_id)),
+            rows_sha256=rows_sha256(travelling),
             **meta,
         )
         atomic_write(existing, orjson.dumps(asdict(manifest), option=orjson.OPT_INDENT_2))

@@ -1,12 +1,15 @@
 """`agentstream batch`: the kafka-python shell around the planner (I/O only).
 
 Loop: poll `trajectory.scored` -> planner lanes -> for each due batch: write it atomically with its
-manifest, publish `batch.built` (acks=all, waited for), mark it published -> commit, per partition,
-the lowest offset still pending in any lane. Bad input goes to the DLQ before its offset is committed.
+manifest, publish its rows as `batch.rows` chunks and then `batch.built` (acks=all, every chunk
+acknowledged before the event is sent), mark it published -> commit, per partition, the lowest
+offset still pending in any lane. Bad input goes to the DLQ before its offset is committed.
 
 On start: `BatchStore.recover()` (drop unfinished files, learn what is batched), re-publish
 manifests whose event may be missing (same deterministic event id), then resume from the committed
-offsets; replay rebuilds pending groups and skips trajectories already in a manifest. Partitions are
+offsets; replay rebuilds pending groups and skips trajectories already in a manifest. The chunks of
+a re-published batch are read back from its file (the trainer's own record) and carry the same event
+ids as before, so an executor drops them as duplicates. Partitions are
 assigned manually (no group rebalancing): the batch builder is one process, because a GRPO group spans
 partitions. `policy.updates` is always read from the beginning, every event folded into the current
 policy by `schemas.policy_versions` (version order, not arrival order; the same answer as
@@ -23,7 +26,7 @@ from typing import Any
 from clients.kafka import ensure_topics, make_consumer, make_producer
 from clients.kafka.consume import ConsumeLoop, LoopConfig, Refused, assign_from_committed
 from consumers.batching.base_tokenizer import BaseTokenizerHash
-from consumers.batching.batch_writer import BatchStore, Recovered
+from consumers.batching.batch_writer import BatchManifest, BatchStore, Recovered
 from consumers.batching.config import BatchBuilderConfig
 from consumers.batching.planner import PlannedBatch, Planner
 from consumers.errors import TrainerError
@@ -95,11 +98,24 @@ class BatchBuilder:
         key = event.trajectory_id.encode()
         self.producer.send(topic, key=key, value=encode(event)).get(timeout=30)
 
+    def publish_batch(self, manifest: BatchManifest) -> BatchBuilt:
+        """The batch's `batch.rows` chunks, every one acknowledged, then its `batch.built`; all keyed by
+        the batch id, so on one partition and in this order. The rows come from the batch's file."""
+        *chunks, event = manifest.events()
+        sent = [
+            self.producer.send(topics.TRAINING_BATCHES, key=c.trajectory_id.encode(), value=encode(c))
+            for c in chunks
+        ]
+        for future in sent:
+            future.get(timeout=30)
+        self.publish(event, topics.TRAINING_BATCHES)
+        self.store.mark_published(manifest)
+        return event
+
     def republish(self) -> None:
         for manifest in self._unpublished:
             log.info("recovery: re-publishing batch.built for %s", manifest.batch_id)
-            self.publish(manifest.event(), topics.TRAINING_BATCHES)
-            self.store.mark_published(manifest)
+            self.publish_batch(manifest)
         self._unpublished = []
 
     def run(self) -> int:
@@ -171,9 +187,7 @@ class BatchBuilder:
 
     def _commit_batch(self, batch: PlannedBatch) -> BatchBuilt:
         manifest = self.store.write(batch.kind, batch.rows, batch.meta(), fmt=self.options.format)
-        event = manifest.event()
-        self.publish(event, topics.TRAINING_BATCHES)
-        self.store.mark_published(manifest)
+        event = self.publish_batch(manifest)
         self.planner.committed(batch)
         return event
 

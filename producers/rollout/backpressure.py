@@ -9,11 +9,14 @@ no policy count 0). This is how many policy versions the data already sampled is
 being served. Sampling pauses while it is above `max_staleness` and resumes once it is back at or
 below it.
 
-Batches are counted from the topic's offsets (end minus beginning), not by reading it. A batch the
-executor finished without a version (no rows, or every group too stale) publishes nothing on
-`policy.updates`, but the executor commits its offset all the same: the batches handled are the more
-of the current policy's number and the executor group's committed offsets on `training.batches`, so
-such a batch never holds the rollout back for good. Batches of a kind no executor trains keep the
+Batches are the `batch.built` records of the topic: since 1.5 a batch's rows travel before it as
+`batch.rows` chunks, so its record count is not its batch count. `BuiltOffsets` reads each record
+once (from where the last read stopped to the end) and keeps only the offsets of the `batch.built`
+ones. A batch the executor finished without a version (no rows, or every group too stale) publishes
+nothing on `policy.updates`, but the executor commits its offset all the same: the batches handled
+are the more of the current policy's number and the `batch.built` records before the executor
+group's committed offsets on `training.batches`, so such a batch never holds the rollout back for
+good. Batches of a kind no executor trains keep the
 count high (run the trainer with the kinds that are trained).
 
 `should_pause` is the pure decision; `TopicBacklog` reads the offsets; `BackpressureGate` waits.
@@ -25,11 +28,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+import orjson
 
 from clients.current_policy import CurrentPolicyReader
 from clients.kafka import make_consumer
-from clients.kafka.ranges import topic_partitions
+from clients.kafka.ranges import iter_range, topic_partitions
 from schemas.policy_versions import version_number
 from schemas.topics import TRAINING_BATCHES
 
@@ -71,6 +77,50 @@ class Backlog:
     updates: int
 
 
+def is_batch_built(value: bytes | None) -> bool:
+    """Whether a record of `training.batches` is a `batch.built` (not a `batch.rows` chunk; an
+    unreadable record is no batch).
+
+    >>> is_batch_built(b'{"type": "batch.built"}'), is_batch_built(b'{"type": "batch.rows"}')
+    (True, False)
+    >>> is_batch_built(b"{"), is_batch_built(None)
+    (False, False)
+    """
+    try:
+        event = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(event, dict) and event.get("type") == "batch.built"
+
+
+@dataclass
+class BuiltOffsets:
+    """The offsets of the `batch.built` records of each partition read so far, and where the next
+    read starts; records below the topic's beginning (retention) are forgotten."""
+
+    position: dict = field(default_factory=dict)  # TopicPartition -> next offset to read
+    built: dict = field(default_factory=dict)  # TopicPartition -> sorted offsets of batch.built
+
+    def read(self, consumer, parts: list, begins: dict, timeout_s: float) -> None:
+        """Read every partition from its position to its end now (within `timeout_s`; the rest next time)."""
+        start = {p: max(self.position.get(p, begins[p]), begins[p]) for p in parts}
+        for p in parts:
+            kept = self.built.get(p, [])
+            self.built[p] = kept[bisect_left(kept, begins[p]) :]
+        by_partition = {(p.topic, p.partition): p for p in parts}
+        for record in iter_range(consumer, parts, start, timeout_s=timeout_s):
+            tp = by_partition[(record.topic, record.partition)]
+            if is_batch_built(record.value):
+                self.built[tp].append(record.offset)
+        for p in parts:  # every record below the consumer's position was handed out above
+            self.position[p] = consumer.position(p)
+
+    def count(self, p, below: int | None = None) -> int:
+        """`batch.built` records of `p` (below offset `below`, when given)."""
+        kept = self.built.get(p, [])
+        return len(kept) if below is None else bisect_left(kept, below)
+
+
 class TopicBacklog:
     """Counts the records of `training.batches` from their offsets, the batches `executor_group` has
     committed (it never joins that group: it only reads its offsets) and the batches the current
@@ -82,6 +132,8 @@ class TopicBacklog:
         self.bootstrap_servers, self.timeout_ms = bootstrap_servers, timeout_ms
         self.executor_group = executor_group
         self._consumer = None
+        self._reader = None  # no group: reads the records, commits nothing
+        self._built = BuiltOffsets()
         self._policies = CurrentPolicyReader(
             bootstrap_servers, timeout_ms / 1000, "agentstream-rollout-backpressure"
         )
@@ -95,25 +147,35 @@ class TopicBacklog:
                 bootstrap_timeout_ms=self.timeout_ms,
                 request_timeout_ms=self.timeout_ms,
             )
+        if self._reader is None:
+            self._reader = make_consumer(
+                self.bootstrap_servers,
+                "agentstream-rollout-backpressure",
+                bootstrap_timeout_ms=self.timeout_ms,
+                request_timeout_ms=self.timeout_ms,
+            )
         batches, committed = self._count_batches()
         return Backlog(batches, max(trained_batches(self._policies.current()), committed))
 
     def _count_batches(self) -> tuple[int, int]:
-        """(records on `training.batches`, records before the executor group's committed offsets)."""
+        """(`batch.built` records on `training.batches`, those before the executor group's committed
+        offsets)."""
         consumer = self._consumer
         parts = topic_partitions(consumer, [TRAINING_BATCHES])
         if not parts:
             return 0, 0
-        ends, begins = consumer.end_offsets(parts), consumer.beginning_offsets(parts)
-        total = sum(ends[p] - begins[p] for p in parts)
+        begins = consumer.beginning_offsets(parts)
+        self._built.read(self._reader, parts, begins, self.timeout_ms / 1000)
+        total = sum(self._built.count(p) for p in parts)
         done = {p: consumer.committed(p) for p in parts}
-        return total, sum(max(0, c - begins[p]) for p, c in done.items() if c is not None)
+        return total, sum(self._built.count(p, c) for p, c in done.items() if c is not None)
 
     def close(self) -> None:
         self._policies.close()
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        for client in (self._consumer, self._reader):
+            if client is not None:
+                client.close()
+        self._consumer = self._reader = None
 
 
 class BackpressureGate:

@@ -33,7 +33,7 @@ from schemas.events.scored import (
     TrajectoryScored,
     reward_definition,
 )
-from schemas.events.training import BatchBuilt, PolicyUpdated
+from schemas.events.training import BatchBuilt, BatchRows, PolicyUpdated
 
 Event = Annotated[
     EpisodeStarted
@@ -46,6 +46,7 @@ Event = Annotated[
     | FeedbackAnnotation
     | CalibrationUpdated
     | TrajectoryScored
+    | BatchRows
     | BatchBuilt
     | PolicyUpdated
     | DeadLetter
@@ -66,6 +67,7 @@ EVENT_MODELS: dict[str, type[EventBase]] = {
         FeedbackAnnotation,
         CalibrationUpdated,
         TrajectoryScored,
+        BatchRows,
         BatchBuilt,
         PolicyUpdated,
         DeadLetter,
@@ -82,6 +84,7 @@ __all__ = [
     "SCHEMA_MAJOR",
     "SCHEMA_VERSION",
     "BatchBuilt",
+    "BatchRows",
     "CalibrationUpdated",
     "DeadLetter",
     "EpisodeEnded",

@@ -1,22 +1,31 @@
-"""The training loop's events: `training.batches` (a batch file was written) and `policy.updates`
-(a training step produced a new policy version)."""
+"""The training loop's events: `training.batches` (a batch's rows, then the batch was built) and
+`policy.updates` (a training step produced a new policy version).
+
+Since 1.5 a batch's rows travel in the log: the trainer publishes `batch.rows` chunks keyed by the
+batch id (so, on one partition, before it), then `batch.built` naming how many chunks and the rows'
+checksum; an executor on another machine assembles and verifies them (no shared disk).
+`batch.built` with `chunks == 0` (every event before 1.5) points only to the file at `path`."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from schemas.bounded import Count, Id, JsonDict
+from schemas.bounded import Count, Id, JsonDict, JsonObjectItem
 from schemas.events.envelope import EventBase
+
+BatchKind = Literal["sft", "sft_tokenized", "dpo", "dpo_step", "grpo"]
+Sha256 = Annotated[str, Field(max_length=64)]  # hex; a wrong one is caught by the comparison it is for
 
 
 class BatchBuilt(EventBase):
-    """A training batch file was written. `trajectory_id` carries the batch id (the topic key)."""
+    """A training batch was built (its file written; since 1.5 its rows published before it as
+    `chunks` batch.rows events). `trajectory_id` carries the batch id (the topic key)."""
 
     type: Literal["batch.built"] = "batch.built"
     batch_id: str
-    kind: Literal["sft", "sft_tokenized", "dpo", "dpo_step", "grpo"]
+    kind: BatchKind
     path: str
     format: Literal["jsonl", "parquet"] = "jsonl"
     row_count: Count
@@ -33,6 +42,35 @@ class BatchBuilt(EventBase):
     policy_versions: list[str] = Field(default_factory=list)
     builder_config: JsonDict = Field(default_factory=dict)
     sha256: str = ""
+    chunks: Count = Field(
+        0,
+        description="how many batch.rows events before this one carry the rows; 0 = the rows are only "
+        "in the file at `path` (every batch before 1.5) (since 1.5)",
+    )
+    rows_sha256: Sha256 = Field(
+        "",
+        description="sha256 of the rows' canonical JSONL (each row as compact JSON, orjson, plus a "
+        "newline): equals `sha256` for a jsonl batch; what an executor checks the assembled chunks "
+        "against ('' = not given) (since 1.5)",
+    )
+
+
+class BatchRows(EventBase):
+    """One chunk of a batch's rows (since 1.5). `trajectory_id` carries the batch id (the topic key),
+    so every chunk lands on the partition of its `batch.built`, before it. Its event id depends only
+    on the batch, its checksum and `index`: a re-publish after a crash is a duplicate."""
+
+    type: Literal["batch.rows"] = "batch.rows"
+    batch_id: Id = Field(min_length=1)
+    kind: BatchKind
+    index: Count = Field(
+        description="this chunk's place, 0 .. chunks - 1; the executor refuses one past (since 1.5)"
+    )
+    chunks: Count = Field(ge=1, description="how many chunks the batch has (since 1.5)")
+    rows_sha256: Sha256 = Field(description="the batch's `rows_sha256`: which rows these are (since 1.5)")
+    rows: list[JsonObjectItem] = Field(
+        description="the chunk's rows, in batch order, as JSON objects (since 1.5)"
+    )
 
 
 class PolicyUpdated(EventBase):
@@ -74,3 +112,14 @@ class PolicyUpdated(EventBase):
         default_factory=dict, description="versions behind -> GRPO groups admitted at that staleness"
     )
     dropped_groups: Count = Field(0, description="GRPO groups dropped whole as too stale")
+    gate: Literal["", "accepted", "refused"] = Field(
+        "",
+        description="the evaluation gate's decision (`agentstream train --gate`): accepted or refused "
+        "against the version serving when it was trained; '' = no gate ran. A refused version stays in "
+        "the lineage but is never made current (clients.current_policy) (since 1.5)",
+    )
+    gate_figures: dict[str, float] = Field(
+        default_factory=dict,
+        description="the gate's evidence: held-out episodes, successes and rates of this version and of "
+        "the serving one, discordant pairs, the one-sided exact McNemar p and alpha (since 1.5)",
+    )

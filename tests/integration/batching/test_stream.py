@@ -17,6 +17,7 @@ import pytest
 
 from consumers.batching.batch_writer import BatchStore, read_rows
 from consumers.batching.builders.common import reward_of
+from consumers.batching.row_chunks import rows_sha256
 from schemas import topics
 from schemas.codec import decode, encode
 from tests.support.processes import AGENTSTREAM, Proc, wait_for
@@ -52,6 +53,15 @@ def _read_all(bootstrap, topic):
     events = [decode(r.value) for r in consumer]
     consumer.close()
     return events
+
+
+def _send_batch(producer, manifest):
+    """The batch as the trainer publishes it: its batch.rows chunks, then its batch.built."""
+    sent = [
+        producer.send(topics.TRAINING_BATCHES, key=e.trajectory_id.encode(), value=encode(e)).get(30)
+        for e in manifest.events()
+    ]
+    return sent[-1]
 
 
 def _trainer(broker, data_dir, log_name):
@@ -115,10 +125,19 @@ def test_exactly_once_under_kill9(broker, data_dir):
     for kind, counter in counts.items():
         dupes = {i: n for i, n in counter.items() if n > 1}
         assert not dupes, f"{kind}: trajectories in more than one batch: {list(dupes)[:5]}"
-    events = [e for e in _read_all(broker.bootstrap, topics.TRAINING_BATCHES)]
+    records = _read_all(broker.bootstrap, topics.TRAINING_BATCHES)
+    events = [e for e in records if e.type == "batch.built"]
     by_batch = {}
     for e in events:
         by_batch.setdefault(e.batch_id, set()).add(e.event_id)
+    chunks = {}  # the rows travel in the log: every batch's chunks hash to its rows_sha256
+    for c in records:
+        if c.type == "batch.rows":
+            chunks.setdefault((c.batch_id, c.rows_sha256), {})[c.index] = c.rows
+    for e in events:
+        parts = chunks[(e.batch_id, e.rows_sha256)]
+        assert sorted(parts) == list(range(e.chunks)), e.batch_id
+        assert rows_sha256([r for i in sorted(parts) for r in parts[i]]) == e.rows_sha256 == e.sha256
     manifests = store.manifests()
     assert {m.batch_id for m in manifests} == set(by_batch), (
         "every manifest has its batch.built and vice versa"
@@ -150,7 +169,8 @@ def test_republishes_a_batch_whose_event_was_lost(broker, data_dir):
 
     def republished():
         return any(
-            e.batch_id == manifest.batch_id for e in _read_all(broker.bootstrap, topics.TRAINING_BATCHES)
+            e.type == "batch.built" and e.batch_id == manifest.batch_id
+            for e in _read_all(broker.bootstrap, topics.TRAINING_BATCHES)
         )
 
     def dead_letters():
@@ -163,8 +183,9 @@ def test_republishes_a_batch_whose_event_was_lost(broker, data_dir):
         letters = wait_for(dead_letters, timeout_s=60, what="two dead letters")
     finally:
         proc.stop()
-    [event] = _read_all(broker.bootstrap, topics.TRAINING_BATCHES)
+    [chunk, event] = _read_all(broker.bootstrap, topics.TRAINING_BATCHES)
     assert event.event_id == manifest.event().event_id
+    assert (chunk.type, chunk.rows, event.chunks) == ("batch.rows", [{"messages": []}], 1)
     assert {(d.stage, d.source_topic, d.source_key) for d in letters} == {
         ("trainer", topics.TRAJECTORY_SCORED, "bad"),
         ("trainer", topics.TRAJECTORY_SCORED, "wrong"),
@@ -192,9 +213,7 @@ def test_executor_follows_batches_and_publishes_policy_updates(broker, data_dir)
     ensure_topics(broker.bootstrap)
     manifest = _sft_manifest(data_dir)
     producer = _producer(broker.bootstrap)
-    producer.send(
-        topics.TRAINING_BATCHES, key=manifest.batch_id.encode(), value=encode(manifest.event())
-    ).get(30)
+    _send_batch(producer, manifest)
     producer.close()
     common = ["--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir), "--base-model", "tiny"]
     follow = Proc(
@@ -253,9 +272,7 @@ def test_a_bad_batch_record_is_dead_lettered_with_its_coordinates_and_the_execut
     manifest = _sft_manifest(data_dir)
     producer = _producer(broker.bootstrap)
     bad = producer.send(topics.TRAINING_BATCHES, key=b"bad-batch", value=b"{not a batch").get(30)
-    good = producer.send(
-        topics.TRAINING_BATCHES, key=manifest.batch_id.encode(), value=encode(manifest.event())
-    ).get(30)
+    good = _send_batch(producer, manifest)
     producer.close()
     assert (bad.partition, bad.offset) != (good.partition, good.offset)
     common = ["--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir), "--base-model", "tiny"]

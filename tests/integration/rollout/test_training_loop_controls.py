@@ -107,3 +107,33 @@ def test_an_unreachable_broker_leaves_step_zero_and_does_not_pause():
 
 def _never(seconds: float) -> None:
     raise AssertionError(f"the gate slept {seconds} s with no broker to read")
+
+
+def test_batch_rows_chunks_are_not_counted_as_batches(broker):
+    """Since 1.5 a batch's rows travel before its batch.built as batch.rows chunks: the backlog counts
+    batch.built records (read once each), not the topic's records."""
+    from kafka import OffsetAndMetadata, TopicPartition
+
+    from clients.kafka import make_consumer
+    from consumers.batching.row_chunks import chunk_events
+
+    ensure_topics(broker.bootstrap, [TOPICS[POLICY_UPDATES], TOPICS[TRAINING_BATCHES]])
+    producer = make_producer(broker.bootstrap, "tests-rollout")
+    chunks = chunk_events("b0", "grpo", [{"x": "y" * 100}] * 6, utc_now(), "tests", chunk_bytes=300)
+    assert len(chunks) == 3
+    for chunk in chunks:
+        producer.send(TRAINING_BATCHES, key=b"b0", value=encode(chunk)).get(10)
+    producer.close()
+    publish_batches(broker.bootstrap, 1)  # offset 3
+    backlog = TopicBacklog(broker.bootstrap, executor_group="tests-exec")
+    executor = make_consumer(broker.bootstrap, "tests-executor", "tests-exec")
+    try:
+        assert (backlog.read().batches, backlog.read().updates) == (1, 0)
+        publish_batches(broker.bootstrap, 2)
+        part = TopicPartition(TRAINING_BATCHES, 0)
+        executor.assign([part])
+        executor.commit({part: OffsetAndMetadata(4, "", -1)})  # the first batch handled
+        assert (backlog.read().batches, backlog.read().updates) == (3, 1)
+    finally:
+        executor.close()
+        backlog.close()

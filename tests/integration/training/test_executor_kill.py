@@ -55,7 +55,8 @@ def _publish_batches(bootstrap, data_dir) -> list[str]:
         meta = {"trajectory_ids": members, "content_hashes": [], "source_offsets": {}, "reward_versions": [],
                 "calibration_versions": [], "policy_versions": [], "builder_config": {}}  # fmt: skip
         manifest = store.write("sft", rows, meta)
-        producer.send(topics.TRAINING_BATCHES, key=manifest.batch_id.encode(), value=encode(manifest.event()))
+        for event in manifest.events():  # its batch.rows chunks, then its batch.built
+            producer.send(topics.TRAINING_BATCHES, key=manifest.batch_id.encode(), value=encode(event))
         ids.append(manifest.batch_id)
     producer.flush(30)
     producer.close()
