@@ -2,11 +2,13 @@
 
 `rows_for(event, raw, topic, partition, offset)` returns `[(table, row_tuple), ...]`: always one
 `events` row (the raw JSON plus typed envelope and source coordinates), plus the typed row(s) for the
-event's own table. Column order is `COLUMNS[table]`. Absent values stay None (never a neutral 0.5).
+event's own table; none at all for the types in `SKIPPED`. Column order is `COLUMNS[table]`.
+Absent values stay None (never a neutral 0.5).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from datetime import datetime
 from functools import cache
@@ -42,7 +44,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "episodes": _columns(
         "trajectory_id task_id task domain agent model policy_version group_id reference_steps "
         "metadata started_at ended_at success score tests_passed tests_failed terminated truncated "
-        "total_steps error"
+        "total_steps error purpose"
     ),
     "steps": _columns(
         "event_id trajectory_id step_index occurred_at thought tool params observation exit_code error "
@@ -66,7 +68,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "group_id success total_steps outcome_score process_score efficiency_score total_reward "
         "complete missing reward_version calibration_version started_at ended_at "
         "step_process_scores steps metadata reward_definition step_layers step_missing_layers "
-        "missing_layers"
+        "missing_layers purpose"
     ),
     "batches": _columns(
         "batch_id event_id occurred_at kind path format row_count trajectory_ids source_offsets "
@@ -79,7 +81,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "policy_versions": _columns(
         "policy_version previous_version event_id occurred_at method step base_model checkpoint_path "
         "batch_ids trajectory_ids behaviour_versions source_ranges staleness_histogram dropped_groups "
-        "metrics loss is_ratio_mean is_ratio_max ess clipped_fraction kl base_model_id tokenizer_hash"
+        "metrics loss is_ratio_mean is_ratio_max ess clipped_fraction kl base_model_id tokenizer_hash "
+        "gate gate_figures rows_over_max_length"
     ),
     "trajectory_versions_seen": _columns("reward_version"),
     "reward_versions": _columns(
@@ -96,8 +99,8 @@ TableRow = tuple[str, Row]
 
 # The columns of `episodes` each half of an episode fills (the other half's are None; the table
 # merges the two rows per trajectory).
-_STARTED = frozenset(COLUMNS["episodes"][:11])
-_ENDED = frozenset(("trajectory_id", *COLUMNS["episodes"][11:]))
+_STARTED = frozenset((*COLUMNS["episodes"][:11], "purpose"))
+_ENDED = frozenset(("trajectory_id", *COLUMNS["episodes"][11:20]))
 
 
 def _json(value: object) -> str:
@@ -243,6 +246,19 @@ def policy_row(e: PolicyUpdated) -> Row:
 _HEADLINE_METRICS = ("loss", "is_ratio_mean", "is_ratio_max", "ess", "clipped_fraction", "kl")
 
 
+def _count_metric(e: PolicyUpdated, name: str) -> int:
+    """A count carried in `metrics` as a UInt32 column (0 when absent: none, or before 1.5).
+
+    >>> _count_metric(PolicyUpdated(event_id="e", trajectory_id="v1", occurred_at="2026-01-01T00:00:00Z",
+    ...     producer="p", policy_version="v1", metrics={"rows_over_max_length": 3.0}), "rows_over_max_length")
+    3
+    """
+    value = e.metrics.get(name, 0.0)
+    if not math.isfinite(value) or value != int(value) or not 0 <= value < 2**32:
+        raise ValueError(f"policy.updated metrics.{name}: expected a count in [0, 2^32), got {value!r}")
+    return int(value)
+
+
 def policy_version_row(e: PolicyUpdated) -> Row:
     """One row per version: lineage as arrays / JSON, the headline metrics as columns (None when the
     method has no such metric, e.g. no importance ratio for SFT)."""
@@ -250,6 +266,8 @@ def policy_version_row(e: PolicyUpdated) -> Row:
         "policy_versions", e, batch_ids=list(e.batch_ids), trajectory_ids=list(e.trajectory_ids),
         behaviour_versions=list(e.behaviour_versions), source_ranges=_json(e.source_ranges),
         staleness_histogram=dict(e.staleness_histogram), metrics=dict(e.metrics),
+        gate_figures=dict(e.gate_figures),
+        rows_over_max_length=_count_metric(e, "rows_over_max_length"),
         **{name: e.metrics.get(name) for name in _HEADLINE_METRICS},
     )  # fmt: skip
 
@@ -287,8 +305,16 @@ ALSO: dict[str, tuple[tuple[str, Callable[[EventBase], Row]], ...]] = {
 }
 
 
+# Event types the store keeps no row of, on purpose (consumed and committed like any other): a
+# batch's rows (`batch.rows`, since 1.5) travel to the executor; `batches` keeps their batch.built
+# (row count and checksum) and the trainer's batch file the rows, so a copy of every row in `events`
+# would only double the store.
+SKIPPED = frozenset({"batch.rows"})
+
+
 def rows_for(event: EventBase, raw: bytes, topic: str, partition: int, offset: int) -> list[TableRow]:
-    """Every row one event produces: its `events` row, its typed row and any `ALSO` rows.
+    """Every row one event produces: its `events` row, its typed row and any `ALSO` rows (none for a
+    type in `SKIPPED`).
 
     >>> from datetime import UTC, datetime
     >>> from schemas.events import EpisodeEnded
@@ -297,6 +323,8 @@ def rows_for(event: EventBase, raw: bytes, topic: str, partition: int, offset: i
     >>> [(table, row[0]) for table, row in rows_for(e, b"{}", "agent.events", 0, 7)]
     [('events', 'e1'), ('episodes', 't1')]
     """
+    if event.type in SKIPPED:
+        return []
     rows: list[TableRow] = [("events", event_row(event, raw, topic, partition, offset))]
     typed = TYPED.get(event.type)
     if typed is not None:

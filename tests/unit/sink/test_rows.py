@@ -182,3 +182,14 @@ def test_unknown_event_types_still_land_in_events():
 
     event = Later(event_id="z", success=True, **ENV).model_copy(update={"type": "something.new"})
     assert [t for t, _ in rows_for(event, b"{}", "t", 0, 0)] == ["events"]
+
+
+def test_a_batchs_row_chunks_are_consumed_without_a_row_and_its_batch_built_still_lands():
+    """`batch.rows` (since 1.5) carries a batch's rows to the executor: the store keeps no copy."""
+    from schemas.events import BatchRows
+
+    chunk = BatchRows(event_id="c0", batch_id="b1", kind="sft", index=0, chunks=1, rows_sha256="ab",
+                      rows=[{"messages": []}], **ENV)  # fmt: skip
+    assert rows_for(chunk, encode(chunk), "training.batches", 0, 3) == []
+    built = BatchBuilt(event_id="b", batch_id="b1", kind="sft", path="/x", row_count=1, chunks=1, **ENV)
+    assert [t for t, _ in rows_for(built, encode(built), "training.batches", 0, 4)] == ["events", "batches"]
