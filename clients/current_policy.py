@@ -12,6 +12,11 @@ only what arrived since; a new reader (a restart) reads from the beginning and r
 answer. Reads go through `clients.kafka` (its factory and `ranges.iter_range`); this module holds
 no poll loop of its own.
 
+A version the evaluation gate refused (`gate == "refused"`, since schema 1.5; `agentstream train
+--gate`) is skipped: it stays on the topic and in the lineage, but never becomes current, so the
+version serving before it stays current. The batch builder's own fold still counts it (it is the
+executor's weights, what GRPO staleness is measured against).
+
 A record that does not decode, or is not a `policy.updated`, is skipped with one error line naming
 its coordinates; an unknown-format version is logged once (it is current only while no numbered
 version exists, see `schemas.policy_versions`).
@@ -94,6 +99,11 @@ class CurrentPolicyReader:
             log.error("current policy: skipping %s at %s (not policy.updated)", event.type, record.describe())
             return
         version = event.policy_version
+        if event.gate == "refused":  # the evaluation gate refused it: recorded, never served
+            log.info(
+                "current policy: %s at %s was refused by the gate; not current", version, record.describe()
+            )
+            return
         if version_number(version) is None and version not in self._unknown_logged:
             self._unknown_logged.add(version)
             log.warning(

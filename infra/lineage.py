@@ -101,6 +101,7 @@ def format_lineage(lineage: dict[str, Any], limit: int = 20) -> str:
         f"{v['policy_version']} <- parent {v.get('previous_version') or '(base)'}: {v['method']} "
         f"step {v['step']}, checkpoint {v['checkpoint_path']}",
         "metrics: " + ", ".join(f"{k}={_num(x)}" for k, x in sorted(v["metrics"].items())),
+        gate_line(v),
         f"staleness (versions behind -> groups): {dict(v['staleness_histogram']) or '-'}; "
         f"dropped groups: {v['dropped_groups']}",
         f"behaviour versions: {', '.join(v['behaviour_versions']) or '-'}",
@@ -118,6 +119,27 @@ def format_lineage(lineage: dict[str, Any], limit: int = 20) -> str:
         )
     lines += _steps_lines(lineage, limit)
     return "\n".join(lines)
+
+
+def gate_line(version: dict[str, Any]) -> str:
+    """The evaluation gate's decision and figures (`agentstream train --gate`), for a person.
+
+    >>> gate_line({"gate": "refused", "gate_figures": {"serving_version": 1.0, "p_worse": 0.0039}})
+    'gate: REFUSED (never served) against v1: p_worse=0.0039, serving_version=1'
+    >>> gate_line({"gate": ""}), gate_line({})
+    ('gate: - (no gate ran)', 'gate: - (no gate ran)')
+    """
+    verdict = version.get("gate") or ""
+    if not verdict:
+        return "gate: - (no gate ran)"
+    figures = dict(version.get("gate_figures") or {})
+    serving = figures.get("serving_version")
+    name = (
+        "base" if serving == 0 else f"v{int(serving)}" if serving and serving > 0 else "an unnumbered version"
+    )
+    against = "" if serving is None else f" against {name}"
+    shown = "REFUSED (never served)" if verdict == "refused" else verdict
+    return f"gate: {shown}{against}: " + ", ".join(f"{k}={_num(x)}" for k, x in sorted(figures.items()))
 
 
 def _steps_lines(lineage: dict[str, Any], limit: int) -> list[str]:

@@ -34,7 +34,20 @@ class TrainConfig:
     epochs: int = field(default=1, metadata={"help": "passes over each batch"})
     micro_batch_size: int = field(default=4, metadata={"help": "rows per forward pass"})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "micro batches per optimizer step"})
-    max_length: int = field(default=1024, metadata={"help": "tokens per row at most"})
+    max_length: int = field(
+        default=1024,
+        metadata={
+            "help": "tokens per row at most: a longer row (a DPO pair with either side longer) is left "
+            "out of the update and counted (rows_over_max_length), never cut"
+        },
+    )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={
+            "help": "recompute activations in the backward pass: less memory for longer rows, about a "
+            "third more compute"
+        },
+    )
     lora: bool = field(default=True, metadata={"help": "train a LoRA adapter (false: full fine-tune)"})
     lora_r: int = field(default=8, metadata={"help": "LoRA rank"})
     lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha"})
@@ -142,15 +155,57 @@ class TrainRunConfig:
     idle_exit_s: float | None = field(
         default=None, metadata={"help": "--follow: exit after this long without batches"}
     )
+    nproc: int = field(
+        default=1,
+        metadata={
+            "help": "training processes (ranks) on this machine, launched and supervised as one group "
+            "(gloo on CPU, nccl on CUDA); under torchrun or accelerate leave it 1"
+        },
+    )
+    max_restarts: int = field(
+        default=3,
+        metadata={"help": "--nproc: restarts of the whole group after a rank fails, before giving up"},
+    )
+    gate: bool = field(
+        default=False,
+        metadata={
+            "help": "evaluation gate: before publishing a version, play --gate-tasks with it and with the "
+            "version serving now (paired seeds) and refuse it when significantly worse (one-sided "
+            "exact McNemar at --gate-alpha); a refused version is published but never served"
+        },
+    )
+    gate_tasks: Path | None = field(
+        default=None,
+        metadata={"help": "--gate: held-out calc tasks, a task file (JSON Lines, as `agentstream rollout`)"},
+    )
+    gate_samples: int = field(
+        default=4, metadata={"help": "--gate: sampled episodes per task and version (plus one greedy)"}
+    )
+    gate_alpha: float = field(
+        default=0.05, metadata={"help": "--gate: refuse when the one-sided McNemar p is below this"}
+    )
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"prefix": ""})
 
     def __post_init__(self):
+        if self.nproc < 1:
+            raise ConsumerConfigError(f"train: --nproc must be at least 1, got {self.nproc}")
+        if self.max_restarts < 0:
+            raise ConsumerConfigError(f"train: --max-restarts must be 0 or more, got {self.max_restarts}")
         if self.follow == (self.batch is not None):
             raise ConsumerConfigError(
                 f"train: give exactly one of --follow or --batch PATH (got --follow {self.follow}, "
                 f"--batch {str(self.batch) if self.batch else None!r})"
             )
         check_kinds(self.kinds)
+        self._check_gate()
+
+    def _check_gate(self) -> None:
+        if self.gate and self.gate_tasks is None:
+            raise ConsumerConfigError("--gate: give the held-out tasks with --gate-tasks FILE")
+        if self.gate_samples < 1:
+            raise ConsumerConfigError(f"--gate-samples: must be >= 1, got {self.gate_samples!r}")
+        if not 0 < self.gate_alpha < 1:
+            raise ConsumerConfigError(f"--gate-alpha: must be in (0, 1), got {self.gate_alpha!r}")
 
     def follow_kinds(self) -> tuple[str, ...]:
         """The kinds `--follow` trains on: `--kinds`, else the default kind of `--method` (sft)."""

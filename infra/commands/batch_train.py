@@ -13,12 +13,15 @@ stderr. Adding an option to either is adding a documented field to its config. T
 from __future__ import annotations
 
 import argparse
+import os
+from dataclasses import replace
 
 from consumers.batching.config import BatchBuilderConfig
 from consumers.errors import ConsumerConfigError
 from consumers.training.config import TrainRunConfig
-from infra.options.configs import add_config_options, config_from_args
+from infra.options.configs import add_config_options, config_from_args, config_to_argv
 from infra.options.env import command_parser
+from infra.runtime import agentstream_argv
 from infra.terminal import output
 from schemas.settings import Settings
 
@@ -64,15 +67,44 @@ def run_renamed_trainer(args: argparse.Namespace) -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     from consumers.training.follow import follow, train_file
+    from infra.training_gate import build_gate
 
     run = _config(TrainRunConfig, args)
+    if run.nproc > 1:
+        return launch_group(run, args.log_level or "INFO")
+    gate = build_gate(run)  # --gate: the in-process held-out evaluator, injected (infra.training_gate)
     if run.follow:
-        return follow(run)
-    event = train_file(run)
+        return follow(run, gate)
+    event = train_file(run, gate)
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # rank 0 says what the group made
     if event is None:
         output.say(f"{run.batch}: every GRPO group was over --max-staleness versions old; no new version")
         return 0
     loss = event.metrics["loss"]
     output.say(f"{event.policy_version}: {event.method} on {event.batch_ids[0]}, loss {loss:.4f}")
     output.say(f"checkpoint: {event.checkpoint_path}")
+    if event.gate:
+        figures = ", ".join(f"{k}={v:.4g}" for k, v in sorted(event.gate_figures.items()))
+        output.say(f"gate: {event.gate} ({figures})")
     return 0
+
+
+def launch_group(run: TrainRunConfig, log_level: str) -> int:
+    """`--nproc N`: this process launches and supervises N ranks of the same run (infra.training_group)."""
+    from consumers.training.follow import resolve_batch
+    from infra.training_group import TrainingGroup, check_launch
+
+    check_launch(run.nproc, os.environ)
+    if run.batch is not None:
+        resolve_batch(run.batch, run.method)  # a wrong path fails here once, not once per restart
+    group = TrainingGroup(rank_argv(run, log_level), run.nproc, run.max_restarts)
+    return group.run()
+
+
+def rank_argv(run: TrainRunConfig, log_level: str) -> list[str]:
+    """The command each rank runs: this run with `--nproc 1` (its RANK / WORLD_SIZE come from the
+    launcher's environment), the settings passed explicitly."""
+    settings = ["--bootstrap-servers", run.bootstrap_servers, "--data-dir", str(run.data_dir)]
+    options = config_to_argv(replace(run, nproc=1))
+    return agentstream_argv("train", *settings, "--log-level", log_level, *options)

@@ -41,9 +41,11 @@ INFRA_RANK = {
     "broker": 2,  # the embedded Kafka broker: schemas, clients and infra.errors only
     "supervisor": 2,  # child processes of the stack, stopped by PID
     "clickhouse": 2,  # the query layer (no commands, no printing)
+    "evaluation": 2,  # pure evaluation statistics and the paired comparison of policies
     "status": 2,
     "replay": 2,
     "stack": 3,  # the supervised stack: supervisor + migrations through the query layer
+    "training_group": 3,  # `train --nproc`: the ranks, launched and restarted as one group
     "lineage": 3,
     "export": 3,
     "docker_engine": 4,
@@ -53,6 +55,7 @@ INFRA_RANK = {
     "demo": 5,  # the guided tour and the learning loop, over the stack
     "learn": 5,
     "bench": 6,  # the benchmark lab, over everything it measures
+    "training_gate": 6,  # `train --gate`'s in-process held-out evaluator, over learn's evaluation
     "commands": 7,  # the `agentstream` subcommands
     "cli": 8,  # the parser and `main`: nothing imports it
 }

@@ -350,6 +350,7 @@ def test_the_training_page_shows_versions_with_their_lineage_batches_and_the_cur
         and 'href="/trajectories/t01"' in html
     )
     assert "agent.events" in html and "step events by the version that produced them: (none) 3" in html
+    assert 'data-testid="gate">— (no gate ran)</dd>' in html  # published without --gate
     status, html, _ = console.get("/training/versions/v404")
     assert status == 404 and "No policy version &#39;v404&#39; was published." in html
 

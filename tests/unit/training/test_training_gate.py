@@ -1,0 +1,100 @@
+"""The gate's in-process evaluator without a model: outcomes paired by key whatever their order, the
+serving version scored once, bases that differ refused; and the task file checks of `--gate-tasks`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import infra.learn.heldout as heldout
+from consumers.errors import ConsumerConfigError
+from infra.evaluation.outcomes import Outcome
+from infra.learn.heldout import HeldoutScore
+from infra.training_gate import HeldoutGateEvaluator, gate_expressions
+from schemas.events import PolicyUpdated, utc_now
+
+# per version: the successes of (task, sample, greedy) keys; v2 lost "1 + 1" sample 1
+RESULTS = {
+    "base": {("1 + 1", 0, False): False, ("1 + 1", 1, False): True, ("1 + 1", 0, True): False},
+    "v1": {("1 + 1", 0, False): True, ("1 + 1", 1, False): True, ("1 + 1", 0, True): True},
+    "v2": {("1 + 1", 0, False): True, ("1 + 1", 1, False): False, ("1 + 1", 0, True): True},
+}
+
+
+class FakeEngine:
+    def __init__(self, version: str = "base"):
+        self.version = version
+
+    def with_checkpoint(self, path: Path, version: str) -> FakeEngine:
+        assert path == Path(f"/ckpt/{version}")
+        return FakeEngine(version)
+
+
+@pytest.fixture
+def scored(monkeypatch):
+    calls = []
+
+    def evaluate(engine, expressions, samples, temperature, max_turns, seed, *, greedy=True):
+        calls.append(engine.version)
+        keys = sorted(RESULTS[engine.version], reverse=engine.version == "v2")  # another order
+        outcomes = tuple(
+            Outcome(t, s, seed + s, RESULTS[engine.version][(t, s, g)], 1.0, g) for t, s, g in keys
+        )
+        wins = sum(o.success for o in outcomes if not o.greedy)
+        greedy_wins = sum(o.success for o in outcomes if o.greedy)
+        return HeldoutScore(engine.version, 2, wins, 1, greedy_wins, outcomes)
+
+    monkeypatch.setattr(heldout, "evaluate", evaluate)
+    return calls
+
+
+def _update(version: str, base_id: str = "") -> PolicyUpdated:
+    return PolicyUpdated(
+        event_id=f"pu-{version}", trajectory_id=version, occurred_at=utc_now(), producer="test",
+        policy_version=version, checkpoint_path=f"/ckpt/{version}", base_model_id=base_id,
+    )  # fmt: skip
+
+
+def _evaluator() -> HeldoutGateEvaluator:
+    return HeldoutGateEvaluator(Path("/base"), ("1 + 1",), 2, 0, _base=FakeEngine())
+
+
+def test_outcomes_are_paired_by_key_and_the_serving_score_is_reused(scored):
+    evaluator = _evaluator()
+    first = evaluator(_update("v1"), None)
+    assert first.serving_version == "base"
+    assert (first.serving, first.candidate) == ((False, False, True), (True, True, True))  # by sorted key
+    assert first.extra["candidate_greedy_rate"] == 1.0 and first.extra["serving_sampled_rate"] == 0.5
+    second = evaluator(_update("v2"), _update("v1"))
+    assert (second.serving, second.candidate) == ((True, True, True), (True, True, False))
+    assert scored == ["base", "v1", "v2"]  # v1 scored once: as the candidate, then as the serving one
+
+
+def test_versions_of_different_bases_are_not_compared(scored):
+    with pytest.raises(ValueError, match="base_model_id 'aaaa'"):
+        _evaluator()(_update("v2", "bbbb"), _update("v1", "aaaa"))
+    assert _evaluator()(_update("v2", "bbbb"), _update("v1", "")).serving_version == "v1"  # '' unknown
+
+
+def _tasks(tmp_path: Path, *rows: dict) -> Path:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_gate_tasks_are_calc_expressions(tmp_path):
+    good = _tasks(tmp_path, {"task_id": "a", "env": "calc", "task": {"expression": "2 + 3"}})
+    assert gate_expressions(good) == ("2 + 3",)
+    for row, expected in (
+        ({"task_id": "a", "env": "echo", "task": {}}, "task 'a': field 'env': the gate plays calc tasks"),
+        ({"task_id": "a", "env": "calc", "task": {}}, "task 'a': field 'task.expression': expected a string"),
+        ({"task_id": "a", "env": "calc", "task": {"expression": "2 +"}}, "field 'task.expression': '2 +'"),
+        ({"env": "calc"}, "field 'task_id'"),
+    ):
+        with pytest.raises(ConsumerConfigError, match="--gate-tasks: ") as caught:
+            gate_expressions(_tasks(tmp_path, row))
+        assert expected in str(caught.value)
+    with pytest.raises(ConsumerConfigError, match="has no task"):
+        gate_expressions(_tasks(tmp_path))
