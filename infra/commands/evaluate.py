@@ -1,6 +1,9 @@
-"""`agentstream eval`: a task set against one or more policy endpoints, with each one's success rate,
-its 95% Wilson interval and, for two endpoints, the leaderboard's significance test (Welch's t-test
-over the 0/1 outcomes, `infra.clickhouse.analytics.welch_p`).
+"""`agentstream eval`: a task set against one or more policy endpoints. Per endpoint: sampled success
+with its 95% Wilson interval, greedy success (temperature 0, one episode per task) and pass@k; then
+every pair of endpoints on their paired episodes (same task, same seed): the success difference with
+the exact McNemar test, the paired bootstrap of the reward difference, both Holm-adjusted across all
+pairs, and a verdict (`infra.evaluation`, the statistics `infra.learn.heldout` shares). The episodes
+are recorded with purpose "eval": no batch builder trains on them.
 
 `agentstream replay-trajectory`: re-run a recorded trajectory's tool calls in a fresh isolated
 sandbox (`--sandbox-backend`, `auto` by default: producers/sandbox/choice.py; producers/rollout/
@@ -24,7 +27,7 @@ class EvalError(AgentstreamError):
 
 def register(sub) -> None:
     """Add `eval` and `replay-trajectory` to the `agentstream` parser."""
-    parser = command_parser(sub, "eval", run_eval, "success rate of policy endpoints on an env's tasks")
+    parser = command_parser(sub, "eval", run_eval, "success of policy endpoints, paired tests")
     add_option(parser, "--env", default="calc", help="environment id (calc, ...)")
     parser.add_argument(
         "--policy-url", action="append", default=[], help="OpenAI-compatible endpoint (repeat to compare)"
@@ -36,6 +39,15 @@ def register(sub) -> None:
     add_option(parser, "--max-turns", type=int, default=8, help="interaction turns per episode")
     add_option(parser, "--max-tokens", type=int, default=128, help="tokens per policy reply")
     add_option(parser, "--temperature", type=float, default=1.0, help="sampling temperature")
+    add_option(
+        parser, "--greedy", action="store_true", default=True,
+        help="also one greedy episode (temperature 0) per task and endpoint",
+    )  # fmt: skip
+    add_option(parser, "--pass-k", default="", help="k values of pass@k, e.g. 1,2,4 (default: 1 and N)")
+    add_option(parser, "--alpha", type=float, default=0.05, help="significance level of the verdicts")
+    add_option(parser, "--bootstrap-resamples", type=int, default=10_000, help="paired bootstrap resamples")
+    add_option(parser, "--bootstrap-seed", type=int, default=0, help="seed of the bootstrap resampling")
+    add_option(parser, "--json", default="", help="also write every figure and outcome to this JSON file")
     replay = command_parser(
         sub, "replay-trajectory", run_replay, "re-run a trajectory's tool calls; report the first divergence"
     )
@@ -53,36 +65,108 @@ def register(sub) -> None:
 # --- eval -------------------------------------------------------------------------------------------
 
 
-def compare(scores: list) -> dict | None:
-    """For exactly two scores: the difference of success rates and the leaderboard's p-value."""
-    from infra.clickhouse.analytics import ALPHA, welch_p
+def pass_ks(text: str, per_task: int) -> tuple[int, ...]:
+    """The k values of `--pass-k` (default: 1 and the episodes per task), each within 1..per_task.
 
-    if len(scores) != 2:
-        return None
-    a, b = scores
-    p = welch_p(list(a.outcomes), list(b.outcomes))
-    return {
-        "difference": a.rate - b.rate, "p_value": p, "test": "welch_t (leaderboard)",
-        "significant": bool(not math.isnan(p) and p < ALPHA),
-    }  # fmt: skip
+    >>> pass_ks("", 4), pass_ks("2,1,2", 4)
+    ((1, 4), (1, 2))
+    """
+    if not text.strip():
+        return tuple(sorted({1, per_task}))
+    try:
+        ks = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        raise EvalError(f"--pass-k={text!r}: expected comma-separated integers like 1,2,4") from None
+    if ks[0] < 1 or ks[-1] > per_task:
+        raise EvalError(f"--pass-k={text!r}: each k must be between 1 and --episodes-per-task={per_task}")
+    return tuple(ks)
 
 
-def summary_lines(scores: list, comparison: dict | None) -> list[str]:
-    """One line per endpoint, then the comparison line (if any)."""
-    out = [
-        f"[eval] {s.policy_url}: {s.successes}/{s.episodes} solved, success rate {s.rate:.3f} "
-        f"(95% Wilson CI {s.low:.3f}-{s.high:.3f})"
-        for s in scores
+def policy_names(urls: list[str]) -> list[str]:
+    """The endpoints' names in the report: the URL, with `#2`, `#3` ... when one is given again.
+
+    >>> policy_names(["a", "b", "a"])
+    ['a', 'b', 'a#2']
+    """
+    seen: dict[str, int] = {}
+    names = []
+    for url in urls:
+        seen[url] = seen.get(url, 0) + 1
+        names.append(url if seen[url] == 1 else f"{url}#{seen[url]}")
+    return names
+
+
+def build_report(played: list, ks: tuple[int, ...], resamples: int, seed: int, alpha: float) -> dict:
+    """Summaries, pairwise comparisons and outcomes of the endpoints' episodes (pure)."""
+    from infra.evaluation.outcomes import compare_all, episode_outcomes, summarize
+
+    names = policy_names([p.policy_url for p in played])
+    outcomes = [
+        (name, episode_outcomes(p.sampled) + episode_outcomes(p.greedy, greedy=True))
+        for name, p in zip(names, played, strict=True)
     ]
-    if comparison is not None:
-        p = comparison["p_value"]
-        shown = "n/a (no variance or < 2 episodes)" if math.isnan(p) else f"{p:.4g}"
-        verdict = "significant" if comparison["significant"] else "not significant"
+    return {
+        "settings": {
+            "pass_k": list(ks),
+            "bootstrap_resamples": resamples,
+            "bootstrap_seed": seed,
+            "alpha": alpha,
+        },
+        "policies": [summarize(name, o, ks) for name, o in outcomes],
+        "pairs": compare_all(outcomes, resamples, seed, alpha),
+        "outcomes": {name: o for name, o in outcomes},
+    }
+
+
+def _p(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.4g}"
+
+
+def summary_lines(report: dict) -> list[str]:
+    """Per endpoint one line, then two lines per pair (success, reward)."""
+    out = []
+    for s in report["policies"]:
+        greedy = (
+            f"{s.greedy_successes}/{s.greedy_episodes} = {s.greedy_rate:.3f}" if s.greedy_episodes else "off"
+        )
+        passes = ", ".join(f"pass@{k} {v:.3f}" for k, v in s.pass_at.items())
         out.append(
-            f"[eval] difference {comparison['difference']:+.3f}, p = {shown} "
-            f"({comparison['test']}, alpha 0.05: {verdict})"
+            f"[eval] {s.name}: {s.successes}/{s.episodes} solved, success rate {s.rate:.3f} "
+            f"(95% Wilson CI {s.low:.3f}-{s.high:.3f}); greedy {greedy}; {passes}"
+        )
+    for c in report["pairs"]:
+        out.append(
+            f"[eval] difference {c.a} - {c.b}: success {c.difference:+.3f} over {c.pairs} paired episodes "
+            f"(discordant {c.a_only} vs {c.b_only}), McNemar exact p = {_p(c.mcnemar_p)}, "
+            f"Holm-adjusted p = {_p(c.holm_p)} (alpha {c.alpha}): {c.verdict}"
+        )
+        out.append(
+            f"[eval]   reward {c.reward_difference:+.3f} (95% paired bootstrap CI {c.reward_low:+.3f} to "
+            f"{c.reward_high:+.3f}), p = {_p(c.reward_p)}, Holm-adjusted p = {_p(c.reward_holm_p)}"
         )
     return out
+
+
+def report_json(report: dict) -> str:
+    """The report as JSON (NaN -> null)."""
+    from dataclasses import asdict
+
+    def clean(value):
+        if isinstance(value, float) and math.isnan(value):
+            return None
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
+    data = {
+        "settings": report["settings"],
+        "policies": [s.as_dict() for s in report["policies"]],
+        "pairs": [c.as_dict() for c in report["pairs"]],
+        "outcomes": {name: [asdict(o) for o in o_list] for name, o_list in report["outcomes"].items()},
+    }
+    return json.dumps(clean(data), indent=2)
 
 
 def run_eval(args) -> int:
@@ -95,6 +179,11 @@ def run_eval(args) -> int:
         raise EvalError("--policy-url: at least one endpoint is needed")
     if args.episodes_per_task < 1:
         raise EvalError(f"--episodes-per-task={args.episodes_per_task}: must be at least 1")
+    if not 0 < args.alpha < 1:
+        raise EvalError(f"--alpha={args.alpha}: must be between 0 and 1")
+    if args.bootstrap_resamples < 1:
+        raise EvalError(f"--bootstrap-resamples={args.bootstrap_resamples}: must be at least 1")
+    ks = pass_ks(args.pass_k, args.episodes_per_task)
     tasks = load_tasks(args.tasks) if args.tasks else builtin_tasks(args.env)
     tasks = [t for t in tasks if t.env == args.env] or tasks
     config = RolloutConfig(
@@ -104,10 +193,14 @@ def run_eval(args) -> int:
     )  # fmt: skip
     recorder = _recorder(args, config.model)
     try:
-        scores = evaluate(config, args.policy_url, tasks, recorder, _runner())
+        played = evaluate(config, args.policy_url, tasks, recorder, _runner(), greedy=args.greedy)
     finally:
         recorder.close(timeout=60)
-    output.lines(summary_lines(scores, compare(scores)))
+    report = build_report(played, ks, args.bootstrap_resamples, args.bootstrap_seed, args.alpha)
+    output.lines(summary_lines(report))
+    if args.json:
+        Path(args.json).write_text(report_json(report) + "\n")
+        output.say(f"[eval] figures written to {args.json}")
     return 0
 
 
@@ -123,7 +216,9 @@ def _recorder(args, model: str):
     from schemas.settings import Settings
 
     settings = Settings.from_args(args)
-    return AgentRecorder(settings.bootstrap_servers, Path(settings.data_dir), agent="eval", model=model)
+    return AgentRecorder(
+        settings.bootstrap_servers, Path(settings.data_dir), agent="eval", model=model, purpose="eval"
+    )
 
 
 # --- replay-trajectory ------------------------------------------------------------------------------

@@ -87,6 +87,10 @@ class RolloutConfig:
     max_turns: int = field(default=8, metadata={"help": "interaction turns per episode (then truncated)"})
     max_tokens: int = field(default=128, metadata={"help": "tokens per policy reply"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    seed: int = field(
+        default=0,
+        metadata={"help": "run seed: episode k of round r samples with seed SEED*1000000 + r*1000 + k"},
+    )
     forever: bool = field(default=False, metadata={"help": "keep sampling the task set (training loop)"})
     api_key: str = field(
         default="none", metadata={"help": "API key for the endpoint", "env": "AGENTSTREAM_ROLLOUT_API_KEY"}
@@ -148,6 +152,10 @@ class EpisodeResult:
     truncated: bool
     horizon: int = 0
     """The turn limit this episode ran under."""
+    seed: int = 0
+    """The episode's sampling seed (turn t asks the policy with seed + t)."""
+    reward: float = 0.0
+    """The env's return: the sum of its step rewards."""
 
 
 def tool_specs(tools: list[str]) -> list[dict]:
@@ -198,12 +206,14 @@ def run_episode(
             {"role": "system", "content": SYSTEM_PROMPT.format(terminal=terminal)},
             {"role": "user", "content": ts.observation},
         ]
-        turns = 0
+        turns, reward = 0, 0.0
         while not ts.done:
             ts = _turn(client, config, env, messages, terminal, seed + turns, turns)
-            turns += 1
+            turns, reward = turns + 1, reward + ts.reward
         success = bool(inner.verify())
-        return EpisodeResult(task.task_id, group_id, trajectory_id, success, turns, ts.truncated, horizon)
+        return EpisodeResult(
+            task.task_id, group_id, trajectory_id, success, turns, ts.truncated, horizon, seed, reward
+        )
 
 
 def serving_version(client) -> str | None:
@@ -355,7 +365,7 @@ def _run_rounds(client, config, tasks, recorder, progress, controls) -> list[Epi
                     task,
                     recorder,
                     group_id,
-                    rounds * 1000 + index,
+                    config.seed * 1_000_000 + rounds * 1000 + index,
                 )
                 for task, group_id in jobs
                 for index in range(config.group_size)

@@ -1,9 +1,10 @@
-"""`agentstream eval`: the Wilson interval and tally (pure), the two-policy comparison through the
-leaderboard's test, and the command wiring with a fake episode runner (no policy server, no broker)."""
+"""`agentstream eval`: each endpoint's sampled and greedy episodes (the rollout driver's runner, faked
+here: no policy server, no broker), the per-policy figures, the Holm-corrected paired tests of three
+policies, the JSON report, and one-line errors."""
 
 from __future__ import annotations
 
-import math
+import json
 
 import pytest
 
@@ -12,59 +13,39 @@ from infra.cli.main import main
 from infra.commands import evaluate as command
 from producers.envs.tasks import builtin_tasks
 from producers.rollout.driver import EpisodeResult, RolloutConfig
-from producers.rollout.evaluate import evaluate, score, wilson_interval
+from producers.rollout.evaluate import evaluate
 
 
-def results(solved: int, failed: int) -> list[EpisodeResult]:
-    return [EpisodeResult("t", "g", f"tr-{i}", i < solved, 1, False) for i in range(solved + failed)]
-
-
-def test_wilson_interval_matches_the_textbook_values_and_stays_in_0_1():
-    low, high = wilson_interval(8, 10)
-    assert (round(low, 4), round(high, 4)) == (0.4902, 0.9433)
-    assert wilson_interval(0, 20)[0] == 0.0 and 0.15 < wilson_interval(0, 20)[1] < 0.17
-    assert wilson_interval(20, 20)[1] == 1.0 and 0.83 < wilson_interval(20, 20)[0] < 0.85
-    assert all(math.isnan(x) for x in wilson_interval(0, 0))
-    with pytest.raises(ValueError, match="successes=11"):
-        wilson_interval(11, 10)
-
-
-def test_more_episodes_narrow_the_interval_around_the_same_rate():
-    small, large = wilson_interval(5, 10), wilson_interval(50, 100)
-    assert small[0] < large[0] < 0.5 < large[1] < small[1]
-
-
-def test_each_endpoint_gets_the_task_set_episodes_per_task_times():
-    calls = []
-
-    def runner(config, tasks, recorder):
-        calls.append((config.policy_url, config.group_size, len(tasks), recorder))
-        return results(3, 1) if config.policy_url == "http://a/v1" else results(1, 3)
-
-    scores = evaluate(
-        RolloutConfig(group_size=2), ["http://a/v1", "http://b/v1"], ["t1", "t2"], "rec", runner
-    )
-    assert calls == [("http://a/v1", 2, 2, "rec"), ("http://b/v1", 2, 2, "rec")]
-    assert [(s.policy_url, s.successes, s.episodes, s.rate) for s in scores] == [
-        ("http://a/v1", 3, 4, 0.75),
-        ("http://b/v1", 1, 4, 0.25),
+def played(tasks, per_task: int, solved) -> list[EpisodeResult]:
+    """The driver's order: task by task, sample j with seed j; `solved(task_index, j)`."""
+    return [
+        EpisodeResult(
+            t.task_id, "g", f"tr-{i}-{j}", solved(i, j), 1, False, seed=j, reward=float(solved(i, j))
+        )
+        for i, t in enumerate(tasks)
+        for j in range(per_task)
     ]
 
 
-def test_two_policies_are_compared_with_the_leaderboard_welch_test():
-    from scipy import stats
+def test_each_endpoint_gets_sampled_episodes_then_one_greedy_episode_per_task():
+    calls = []
 
-    a, b = score("a", results(18, 2)), score("b", results(6, 14))
-    comparison = command.compare([a, b])
-    expected = stats.ttest_ind(list(a.outcomes), list(b.outcomes), equal_var=False).pvalue
-    assert comparison["p_value"] == pytest.approx(expected) and comparison["p_value"] < 0.05
-    assert comparison["significant"] is True and comparison["difference"] == pytest.approx(0.6)
-    same = command.compare([score("a", results(5, 5)), score("b", results(5, 5))])
-    assert same["significant"] is False and same["p_value"] == pytest.approx(1.0)
-    assert command.compare([a]) is None
-    # all-failures on both sides: no variance, no p-value, never "significant"
-    flat = command.compare([score("a", results(0, 4)), score("b", results(0, 4))])
-    assert math.isnan(flat["p_value"]) and flat["significant"] is False
+    def runner(config, tasks, recorder):
+        calls.append((config.policy_url, config.group_size, config.temperature, config.forever, recorder))
+        return []
+
+    config = RolloutConfig(group_size=3, temperature=0.8, forever=True)
+    out = evaluate(config, ["http://a/v1", "http://b/v1"], ["t1"], "rec", runner)
+    assert calls == [
+        ("http://a/v1", 3, 0.8, False, "rec"),
+        ("http://a/v1", 1, 0.0, False, "rec"),
+        ("http://b/v1", 3, 0.8, False, "rec"),
+        ("http://b/v1", 1, 0.0, False, "rec"),
+    ]
+    assert [p.policy_url for p in out] == ["http://a/v1", "http://b/v1"]
+    calls.clear()
+    evaluate(config, ["http://a/v1"], ["t1"], "rec", runner, greedy=False)
+    assert calls == [("http://a/v1", 3, 0.8, False, "rec")]
 
 
 class FakeRecorder:
@@ -75,27 +56,77 @@ class FakeRecorder:
         self.closed = True
 
 
-def test_the_eval_command_prints_rates_intervals_and_the_p_value(monkeypatch, capsys):
-    seen, recorder = [], FakeRecorder()
+SKILL = {"good": lambda i, j: True, "fair": lambda i, j: j % 2 == 0, "bad": lambda i, j: False}
+
+
+def fake_eval(monkeypatch, seen: list):
+    recorder = FakeRecorder()
 
     def runner(config, tasks, rec):
-        seen.append((config.policy_url, config.group_size, config.env, {t.env for t in tasks}))
-        n = len(tasks) * config.group_size
-        return results(n, 0) if config.policy_url.endswith("good/v1") else results(0, n)
+        name = config.policy_url.split("//")[1].split("/")[0]
+        seen.append((name, config.group_size, config.temperature))
+        return played(tasks, config.group_size, SKILL[name])
 
     monkeypatch.setattr(command, "_runner", lambda: runner)
     monkeypatch.setattr(command, "_recorder", lambda args, model: recorder)
-    argv = ["eval", "--env", "calc", "--policy-url", "http://good/v1", "--policy-url", "http://bad/v1"]
-    assert main([*argv, "--episodes-per-task", "3"]) == 0
+    return recorder
+
+
+def test_three_policies_print_figures_and_holm_corrected_paired_tests(monkeypatch, capsys, tmp_path):
+    seen: list = []
+    recorder = fake_eval(monkeypatch, seen)
+    urls = [u for name in ("good", "fair", "bad") for u in ("--policy-url", f"http://{name}/v1")]
+    report = tmp_path / "eval.json"
+    argv = ["eval", "--env", "calc", *urls, "--episodes-per-task", "4", "--bootstrap-resamples", "500"]
+    assert main([*argv, "--json", str(report)]) == 0
     tasks = len(builtin_tasks("calc"))
-    assert seen == [("http://good/v1", 3, "calc", {"calc"}), ("http://bad/v1", 3, "calc", {"calc"})]
+    n = tasks * 4
+    assert seen == [(name, size, t) for name in ("good", "fair", "bad") for size, t in ((4, 1.0), (1, 0.0))]
     assert recorder.closed
     out = capsys.readouterr().out
-    assert f"http://good/v1: {tasks * 3}/{tasks * 3} solved, success rate 1.000" in out
-    assert f"http://bad/v1: 0/{tasks * 3} solved, success rate 0.000" in out
-    assert "95% Wilson CI" in out and "difference +1.000" in out and "welch_t" in out
+    assert f"http://good/v1: {n}/{n} solved, success rate 1.000" in out
+    assert f"http://fair/v1: {n // 2}/{n} solved, success rate 0.500" in out
+    assert f"greedy {tasks}/{tasks} = 1.000" in out and "pass@1 0.500, pass@4 1.000" in out
+    pairs = [line for line in out.splitlines() if line.startswith("[eval] difference")]
+    assert len(pairs) == 3 and "http://good/v1 - http://fair/v1" in pairs[0]
+    data = json.loads(report.read_text())
+    by_pair = {(c["a"], c["b"]): c for c in data["pairs"]}
+    good_bad = by_pair[("http://good/v1", "http://bad/v1")]
+    # every one of the n pairs is discordant for good: p = 2 * 0.5**n, Holm multiplies the smallest by 3
+    assert good_bad["a_only"] == n and good_bad["b_only"] == 0
+    assert good_bad["mcnemar_p"] == pytest.approx(2 * 0.5**n)
+    assert (
+        good_bad["holm_p"] == pytest.approx(3 * 2 * 0.5**n) and good_bad["verdict"] == "http://good/v1 better"
+    )
+    assert f"Holm-adjusted p = {good_bad['holm_p']:.4g}" in pairs[1]
+    assert good_bad["reward_difference"] == 1.0 and good_bad["reward_low"] == 1.0
+    assert [p["pass_at"] for p in data["policies"]] == [
+        {"1": 1.0, "4": 1.0},
+        {"1": 0.5, "4": 1.0},
+        {"1": 0.0, "4": 0.0},
+    ]
+    assert len(data["outcomes"]["http://bad/v1"]) == n + tasks
 
 
-def test_eval_without_an_endpoint_is_a_one_line_error(capsys):
-    assert main(["eval", "--env", "calc"]) != 0
-    assert "--policy-url" in capsys.readouterr().err
+def test_the_same_endpoint_twice_is_named_apart_and_never_significant(monkeypatch, capsys):
+    fake_eval(monkeypatch, [])
+    argv = ["eval", "--env", "calc", "--policy-url", "http://fair/v1", "--policy-url", "http://fair/v1"]
+    assert main([*argv, "--no-greedy", "--bootstrap-resamples", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "http://fair/v1 - http://fair/v1#2" in out and "no significant difference" in out
+    assert "greedy off" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "--policy-url"),
+        (["--policy-url", "http://a/v1", "--pass-k", "5"], "--pass-k='5'"),
+        (["--policy-url", "http://a/v1", "--pass-k", "x"], "--pass-k='x'"),
+        (["--policy-url", "http://a/v1", "--alpha", "1.5"], "--alpha=1.5"),
+        (["--policy-url", "http://a/v1", "--episodes-per-task", "0"], "--episodes-per-task=0"),
+    ],
+)
+def test_bad_requests_are_one_line_errors(capsys, extra, message):
+    assert main(["eval", "--env", "calc", *extra]) != 0
+    assert message in capsys.readouterr().err
