@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from infra.bench.report import median
+from infra.bench.trainer_group import group_rows, nproc_list
 from infra.options.env import add_option
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,13 @@ def add_arguments(parser) -> None:
     add_option(
         parser, "--trl", action="store_true", default=True, help="also time TRL's trainers on the same rows"
     )
+    add_option(
+        parser,
+        "--nproc",
+        type=nproc_list,
+        help="also time GRPO + LoRA in training groups of these sizes on CPU (gloo), e.g. 1,2",
+    )
+    add_option(parser, "--group-micro-batch-size", type=int, default=2, help="--nproc: rows per micro batch")
 
 
 def synthetic(n: int, group_size: int = 4, steps: int = 3):
@@ -179,6 +187,7 @@ def training_rows(args, data_dir: Path) -> tuple[list[dict], dict]:
         "data": data,
         "ours": ours,
         "params": params,
+        "data_dir": data_dir,
     }
 
 
@@ -310,4 +319,15 @@ def run(args) -> dict:
             notes.append(
                 "TRL tokens/s counts TRL's num_tokens (all non-pad tokens, like ours) between step ends"
             )
-    return {"rows": rows, "notes": notes}
+        result = {"rows": rows, "notes": notes}
+        if args.nproc:
+            title = "Training groups: GRPO + LoRA, the same global batch per process count (CPU, gloo)"
+            result["group"], result["group_tokens_per_s"] = group_rows(args, ctx)
+            result["tables"] = {title: "group"}
+            notes.append(
+                f"groups: --nproc {','.join(map(str, args.nproc))}, {args.train_rows} rows, "
+                f"{args.group_micro_batch_size} per micro batch (the ranks share each step's micro batches), "
+                "cores shared out (OMP_NUM_THREADS = cores / N); tokens summed over ranks / slowest rank's "
+                f"time, median of {args.train_steps} calls after one warm-up"
+            )
+    return result

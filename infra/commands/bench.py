@@ -13,6 +13,7 @@ from infra.bench import (
     codec,
     e2e,
     judge,
+    learn,
     otlp,
     produce,
     redaction,
@@ -55,6 +56,7 @@ BENCHMARKS = {
         otlp,
         "gateway OTLP/HTTP spans/s into agent.events (protobuf, 100 spans a request), p50/p99 a request",
     ),
+    "learn": (learn, "the learning loop per seed and a control: held-out gain with a 95% interval"),
     "redaction": (
         redaction,
         "redaction CPU us per 2 KB step (clean, with @/URLs, with 4 secrets) beside encoding",

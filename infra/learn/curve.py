@@ -34,3 +34,34 @@ def write_curve(points: list[dict], path: Path, title: str) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def write_runs_curve(runs: dict[str, list[dict]], path: Path, title: str) -> Path:
+    """`agentstream bench learn`'s curve: held-out success by wall time, one line per run (sampled
+    solid, greedy dashed in the same colour; a run named "control" in grey). `runs`: name -> the
+    run's points (`minutes`, `success`, `greedy_success` or None)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for k, (name, points) in enumerate(runs.items()):
+        colour = "grey" if name == "control" else f"C{k}"
+        xs = [p["minutes"] for p in points]
+        axes[0].plot(xs, [p["success"] for p in points], marker="o", color=colour, label=name)
+        greedy = [(p["minutes"], p["greedy_success"]) for p in points if p.get("greedy_success") is not None]
+        if greedy:
+            axes[1].plot(*zip(*greedy, strict=True), marker="s", linestyle="--", color=colour, label=name)
+    for ax, label in ((axes[0], "sampled (temperature 1)"), (axes[1], "greedy (temperature 0)")):
+        ax.set_title(label)
+        ax.set_xlabel("minutes of learning")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out success")
+    axes[0].legend(loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

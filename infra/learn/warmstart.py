@@ -2,14 +2,25 @@
 demonstrations, then a short SFT on scripted calc episodes, saved as a full model directory that
 the policy server and the executor both take as `--base-model`. Deterministic for a seed.
 torch / transformers are imported inside the functions.
+
+`cached_warm_model` keeps built models in a cache directory keyed by `warm_start_key`: a hash of the
+WarmStartConfig (its seed included), the warm-start episodes (the training expressions rendered as
+the rollout driver talks, so a changed prompt or tool spec is a new key), the source of the
+tokenizer/model-building code and the torch / transformers / tokenizers versions. An entry is built in
+a temporary directory and renamed into place with a manifest of its files' sha256; an entry whose
+manifest is missing or whose files do not match is rebuilt.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import random
+import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from infra.learn.tasks import TOOLS, warm_start_episodes
@@ -30,6 +41,92 @@ class WarmStartConfig:
     tie_embeddings: bool = True
     """input and output embeddings shared: copying a token is then an attention move, nothing more"""
     seed: int = 0
+
+
+MANIFEST = "warmstart.json"
+_CODE = ("consumers/tiny_model.py", "infra/learn/warmstart.py")  # the code that builds the model
+_PACKAGES = ("torch", "transformers", "tokenizers")
+
+
+def warm_start_key(train: tuple[str, ...], config: WarmStartConfig) -> str:
+    """The cache key of a warm start: sha256 (hex, 24 characters) of everything that decides it.
+
+    >>> key = lambda seed: warm_start_key(("1 + 2",), WarmStartConfig(seed=seed))
+    >>> key(0) == key(0), key(0) == key(1), len(key(0))
+    (True, False, 24)
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for part in (asdict(config), warm_start_episodes(train, config.guesses, config.seed)):
+        digest.update(json.dumps(part, sort_keys=True).encode())
+    for name in _CODE:
+        digest.update((root / name).read_bytes())
+    for package in _PACKAGES:
+        try:
+            digest.update(f"{package}=={version(package)}".encode())
+        except PackageNotFoundError:
+            digest.update(f"{package} absent".encode())
+    return digest.hexdigest()[:24]
+
+
+def cached_warm_model(
+    cache: Path, train: tuple[str, ...], config: WarmStartConfig, say: Callable[[str], None] = print
+) -> Path:
+    """The warm start of (`train`, `config`) from `cache/<key>`, built there first when absent or
+    damaged; returns the model directory. A hit logs one line."""
+    key = warm_start_key(train, config)
+    entry = cache / key
+    problem = entry_problem(entry, key)
+    if problem is None:
+        say(f"warm start: cache hit {entry}")
+        return entry
+    if entry.exists():
+        say(f"warm start: cache entry {entry} is {problem}: rebuilding it")
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    cache.mkdir(parents=True, exist_ok=True)
+    building = cache / f".{key}.{os.getpid()}.partial"
+    shutil.rmtree(building, ignore_errors=True)
+    build_warm_model(building, train, config, say)
+    files = {p.name: _sha256(p) for p in sorted(building.iterdir()) if p.is_file()}
+    manifest = {"key": key, "config": asdict(config), "training_expressions": len(train), "files": files}
+    (building / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    try:
+        building.rename(entry)  # atomic: readers see no entry or a whole one
+    except OSError:  # another process put a whole entry there first
+        if entry_problem(entry, key) is not None:
+            raise
+        shutil.rmtree(building, ignore_errors=True)
+    say(f"warm start: cached as {entry}")
+    return entry
+
+
+def entry_problem(entry: Path, key: str) -> str | None:
+    """None when `entry` is a whole cache entry for `key`, else what is wrong with it."""
+    manifest_path = entry / MANIFEST
+    if not manifest_path.is_file():
+        return "missing" if not entry.exists() else f"partial (no {MANIFEST})"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = dict(manifest["files"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"corrupt ({MANIFEST}: {exc})"
+    if manifest.get("key") != key or not files:
+        return f"corrupt ({MANIFEST} key {manifest.get('key')!r})"
+    for name, digest in files.items():
+        path = entry / name
+        if not path.is_file() or _sha256(path) != digest:
+            return f"corrupt ({name} missing or changed)"
+    return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def build_warm_model(
