@@ -138,3 +138,12 @@ def test_checkpoints_pass_between_a_group_and_one_process(runs):
     for key in mine:
         assert float(mine[key]["step"]) == float(theirs[key]["step"]) == 2.0 * 2
         assert float((mine[key]["exp_avg"] - theirs[key]["exp_avg"]).abs().max()) < TOL
+
+
+@pytest.mark.parametrize("name", ["sft_lora", "grpo_lora"])
+def test_the_compared_update_moved_the_weights(runs, name):
+    """Equal updates must not be equal by being empty: LoRA starts with B = 0, so an update that did
+    nothing would leave every lora_B at 0 on both sides."""
+    group_root, _ = runs["group"]
+    moved = {k: float(v.abs().max()) for k, v in _weights(group_root / name).items() if "lora_B" in k}
+    assert moved and max(moved.values()) > 100 * TOL
