@@ -9,6 +9,7 @@ import doctest
 import pytest
 
 from consumers.batching.builders.dpo import DPOPairConfig, StepPairBuilder
+from consumers.batching.builders.grpo import GRPOGroupBuilder, GRPOGroupConfig
 from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
 from consumers.batching.tokenize import Encoded
 from consumers.errors import TrainerError
@@ -19,6 +20,7 @@ from tests.support.trainer_data import golden_group
 
 SFT_ROWS = SFTBuilder(SFTBuilderConfig(require_success=False)).build(golden_group())
 DPO_ROWS = StepPairBuilder(DPOPairConfig(max_pairs_per_group=20)).build(golden_group())
+GRPO_ROWS = GRPOGroupBuilder(GRPOGroupConfig(retokenize=True)).build(golden_group())
 CONFIG = {"learning_rate": 5e-3, "micro_batch_size": 2, "lr_schedule": "constant"}
 
 
@@ -89,6 +91,21 @@ def test_a_dpo_pair_with_one_side_over_is_left_out_whole(data_dir):
     metrics = TrainingExecutor(TrainConfig(**CONFIG, max_length=limit), data_dir).train_rows(DPO_ROWS, "dpo")
     assert metrics["rows_over_max_length"] == float(len(over))
     assert metrics["tokens_over_max_length"] == float(sum(chosen[i] + rejected[i] for i in over))
+
+
+def test_a_long_grpo_trajectory_is_left_out_and_its_version_says_so(data_dir):
+    """The issue's case: a GRPO row whose tail (the final answer) would have been cut while its
+    advantage still counted the outcome. It is left out whole; `policy.updated` carries the count."""
+    probe = TrainingExecutor(TrainConfig(**CONFIG), data_dir)
+    lengths = _lengths(probe, GRPO_ROWS)
+    limit = max(lengths) - 1
+    over = [n for n in lengths if n > limit]
+    assert 0 < len(over) < len(GRPO_ROWS), lengths
+    executor = TrainingExecutor(TrainConfig(**CONFIG, max_length=limit), data_dir)
+    event = executor.train_batch(GRPO_ROWS, "grpo", "g-long")
+    assert event is not None and event.policy_version == "v1"
+    assert event.metrics["rows_over_max_length"] == float(len(over))
+    assert event.metrics["tokens_over_max_length"] == float(sum(over))
 
 
 def test_every_row_over_is_an_error_naming_the_option_and_the_longest(data_dir):
