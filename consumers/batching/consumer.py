@@ -5,6 +5,12 @@ manifest, publish its rows as `batch.rows` chunks and then `batch.built` (acks=a
 acknowledged before the event is sent), mark it published -> commit, per partition, the lowest
 offset still pending in any lane. Bad input goes to the DLQ before its offset is committed.
 
+A row too large for any `batch.rows` event (`row_chunks.MAX_ROW_BYTES` of JSON) cannot travel, and
+the same batch would be rebuilt after every restart: before the batch is written, the trajectory
+that made such a row (its whole group, for a grouped kind) is left out of it and dead-lettered with
+its source coordinates and a reason naming the batch, the row and both sizes; the rest of the batch
+is published (`leave_out_oversize`; counted in `builder_config` as `left_out_by_row_size`).
+
 On start: `BatchStore.recover()` (drop unfinished files, learn what is batched), re-publish
 manifests whose event may be missing (same deterministic event id), then resume from the committed
 offsets; replay rebuilds pending groups and skips trajectories already in a manifest. The chunks of
@@ -18,22 +24,27 @@ policy by `schemas.policy_versions` (version order, not arrival order; the same 
 
 from __future__ import annotations
 
+import io
 import logging
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from clients.kafka import ensure_topics, make_consumer, make_producer
 from clients.kafka.consume import ConsumeLoop, LoopConfig, Refused, assign_from_committed
+from clients.kafka.dead_letters import letter_for, publish_dead_letters
 from consumers.batching.base_tokenizer import BaseTokenizerHash
-from consumers.batching.batch_writer import BatchManifest, BatchStore, Recovered
+from consumers.batching.batch_writer import BatchManifest, BatchStore, Recovered, batch_id_for, encode_rows
 from consumers.batching.config import BatchBuilderConfig
-from consumers.batching.planner import PlannedBatch, Planner
+from consumers.batching.planner import Entry, PlannedBatch, Planner
+from consumers.batching.row_chunks import MAX_ROW_BYTES, oversize_rows, row_trajectory_ids
 from consumers.errors import TrainerError
 from schemas import topics
 from schemas.codec import decode, encode
 from schemas.errors import DecodeError
-from schemas.events import BatchBuilt, PolicyUpdated, TrajectoryScored
+from schemas.events import BatchBuilt, DeadLetter, PolicyUpdated, TrajectoryScored
+from schemas.ids import derived_event_id
 from schemas.records import Record
 
 log = logging.getLogger(__name__)
@@ -67,6 +78,92 @@ def known_state(recovered: Recovered) -> tuple[dict[str, set[str]], dict[str, di
     for m in recovered.manifests:
         hashes.setdefault(m.kind, {}).update(zip(m.content_hashes, m.trajectory_ids, strict=False))
     return recovered.trajectory_ids, hashes
+
+
+def travelling_rows(rows: list[dict[str, Any]], fmt: str) -> list[dict[str, Any]]:
+    """The rows as their `batch.rows` chunks will carry them: a Parquet file gives every row every
+    key back (absent ones as None), which makes a row larger."""
+    if fmt != "parquet":
+        return rows
+    import pyarrow.parquet as pq
+
+    return pq.read_table(io.BytesIO(encode_rows(rows, fmt))).to_pylist()
+
+
+def leave_out_oversize(
+    batch: PlannedBatch, fmt: str = "jsonl", max_row_bytes: int = MAX_ROW_BYTES
+) -> tuple[PlannedBatch | None, list[DeadLetter]]:
+    """`batch` without the trajectories whose rows no `batch.rows` event can carry (with their whole
+    group, for a grouped kind: a group's rows compare its members), and a dead letter for each one
+    left out (source coordinates, a reason naming the batch, the row and both sizes). None when
+    nothing is left. A batch with no such row comes back as it is, with no letters."""
+    over = oversize_rows(travelling_rows(batch.rows, fmt), max_row_bytes)
+    if not over:
+        return batch, []
+    units = [[m.item for m in g.members] for g in batch.groups] or [[e] for e in batch.entries]
+    unit_of = {e.trajectory.trajectory_id: i for i, unit in enumerate(units) for e in unit}
+    planned = batch_id_for(batch.kind, [e.trajectory.trajectory_id for e in batch.entries])
+    causes: dict[int, str] = {}  # unit index -> the first oversize row that sinks it
+    for index, size in over.items():
+        named = sorted(row_trajectory_ids(batch.rows[index]) & unit_of.keys())
+        if not named:
+            raise TrainerError(
+                f"batch {planned}: row {index} takes {size} bytes as JSON, over the {max_row_bytes} one "
+                "batch.rows event can carry, and names no trajectory of the batch to leave out"
+            )
+        for tid in named:
+            causes.setdefault(
+                unit_of[tid],
+                f"row {index} (trajectory {tid}) takes {size} bytes as JSON, over the {max_row_bytes} "
+                "one batch.rows event can carry",
+            )
+    dropped = {e.trajectory.trajectory_id for i in causes for e in units[i]}
+    entries = [e for e in batch.entries if e.trajectory.trajectory_id not in dropped]
+    rest = batch_id_for(batch.kind, [e.trajectory.trajectory_id for e in entries]) if entries else None
+    letters = [
+        _oversize_letter(batch, planned, rest, cause, entry, len(units[i]))
+        for i, cause in sorted(causes.items())
+        for entry in units[i]
+    ]
+    if not entries:
+        return None, letters
+    return _without(batch, entries, set(causes), dropped), letters
+
+
+def _without(batch: PlannedBatch, entries: list[Entry], units: set[int], dropped: set[str]) -> PlannedBatch:
+    """`batch` with only `entries`: the rows of `dropped` trajectories and the groups `units` gone,
+    and the count in its builder config (and its extra, with the group counts, for a grouped kind)."""
+    groups = [g for i, g in enumerate(batch.groups) if i not in units]
+    count = {"left_out_by_row_size": len(dropped)}
+    extra = batch.extra
+    if batch.groups:
+        incomplete = sum(not g.complete for g in groups)
+        extra = extra | count | {"groups": len(groups), "incomplete_groups": incomplete}
+    return replace(
+        batch,
+        rows=[r for r in batch.rows if not row_trajectory_ids(r) & dropped],
+        entries=entries,
+        groups=groups,
+        builder_config=batch.builder_config | count,
+        extra=extra,
+    )
+
+
+def _oversize_letter(
+    batch: PlannedBatch, planned: str, rest: str | None, cause: str, entry: Entry, unit_size: int
+) -> DeadLetter:
+    t = entry.trajectory
+    left_out = f"left out with its group of {unit_size}" if batch.groups else "left out"
+    published = f"the rest published as batch {rest}" if rest else "nothing else in the batch"
+    reason = f"batch {planned} ({batch.kind}): {cause}; trajectory {t.trajectory_id} {left_out}, {published}"
+    source = Record(
+        entry.source.topic, entry.source.partition, entry.source.offset, t.trajectory_id.encode(), encode(t)
+    )
+    letter = letter_for(STAGE, source, reason, "RowTooLarge")
+    # one source record can be left out by several kinds: one letter each, not one id for all
+    return letter.model_copy(
+        update={"event_id": derived_event_id("dead.letter", letter.event_id, batch.kind)}
+    )
 
 
 class BatchBuilder:
@@ -182,10 +279,18 @@ class BatchBuilder:
         published = []
         while batches := self.planner.due(now, force):
             for batch in batches:
-                published.append(self._commit_batch(batch))
+                event = self._commit_batch(batch)
+                if event is not None:
+                    published.append(event)
         return published
 
-    def _commit_batch(self, batch: PlannedBatch) -> BatchBuilt:
+    def _commit_batch(self, planned: PlannedBatch) -> BatchBuilt | None:
+        """Leave out (and dead-letter) what cannot travel, then write and publish the rest. The letters
+        are acknowledged here, before any offset that covers their records is committed."""
+        batch, letters = leave_out_oversize(planned, self.options.format)
+        publish_dead_letters(self.producer, letters)
+        if batch is None:
+            return None
         manifest = self.store.write(batch.kind, batch.rows, batch.meta(), fmt=self.options.format)
         event = self.publish_batch(manifest)
         self.planner.committed(batch)

@@ -105,6 +105,8 @@ class PlannedBatch:
     entries: list[Entry]
     builder_config: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
+    groups: list[Group[Entry]] = field(default_factory=list)
+    """The groups the rows were built from (grouped kinds; none for a plain lane)."""
 
     def meta(self) -> dict[str, Any]:
         """Manifest fields (see batch_writer.BatchManifest)."""
@@ -360,7 +362,7 @@ class GroupLane(Lane):
             "current_policy": self.planner.current_policy,
         } | definitions
         settings = self.spec.settings(self.planner.config) | definitions
-        return PlannedBatch(self.kind, rows, entries, settings, extra)
+        return PlannedBatch(self.kind, rows, entries, settings, extra, groups)
 
     def rows(self, group: Group[Entry]) -> list[dict[str, Any]]:
         context = replace(self.planner.context(), complete=group.complete)

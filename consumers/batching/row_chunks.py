@@ -8,7 +8,10 @@ the executor (`consumers.training.batch_rows`) assembles them and checks `rows_s
 - Chunks: rows in batch order, cut so that a chunk's rows take at most `CHUNK_BYTES` in canonical
   form; a row larger than that travels alone. A row that cannot fit in one event at all (over
   `MAX_ROW_BYTES`, the event limit less room for the envelope) is a `TrainerError` naming the batch,
-  the row and both sizes: a batch is never published without one of its rows.
+  the row and both sizes: a batch is never published without one of its rows. The batch builder
+  finds such rows first (`oversize_rows`, `row_trajectory_ids`) and leaves their trajectories (a
+  group's, for a grouped kind) out of the batch, dead-lettered (`consumers.batching.consumer`), so
+  the error is a last guard, not a loop on the same input.
 - Event ids depend only on the batch id, `rows_sha256` and the chunk's index, so a re-publish after
   a crash is a duplicate the executor drops.
 """
@@ -55,6 +58,29 @@ def rows_sha256(rows: Iterable[dict[str, Any]]) -> str:
     for line in canonical_lines(rows):
         digest.update(line)
     return digest.hexdigest()
+
+
+# The row columns that name the trajectories a row was built from (every builder writes one).
+LINEAGE_KEYS = ("trajectory_id", "chosen_trajectory_id", "rejected_trajectory_id")
+
+
+def oversize_rows(rows: Iterable[dict[str, Any]], max_row_bytes: int = MAX_ROW_BYTES) -> dict[int, int]:
+    """Index -> canonical size of every row over `max_row_bytes` (no `batch.rows` event can carry it).
+
+    >>> oversize_rows([{"x": "a"}, {"x": "a" * 50}, {"x": "b"}], max_row_bytes=20)
+    {1: 59}
+    """
+    sizes = (len(line) for line in canonical_lines(rows))
+    return {index: size for index, size in enumerate(sizes) if size > max_row_bytes}
+
+
+def row_trajectory_ids(row: dict[str, Any]) -> set[str]:
+    """The trajectories a row was built from, by its lineage columns (a DPO pair names two).
+
+    >>> sorted(row_trajectory_ids({"chosen_trajectory_id": "a", "rejected_trajectory_id": "b"}))
+    ['a', 'b']
+    """
+    return {row[key] for key in LINEAGE_KEYS if isinstance(row.get(key), str)}
 
 
 def chunk_rows(

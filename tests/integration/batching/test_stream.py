@@ -1,8 +1,12 @@
 """Integration: the trainer consumer against the real embedded broker (kafka-python over TCP).
 
-- exactly-once: kill -9 the consumer several times while 1,000 trajectories stream in; at the end
-  every eligible trajectory is in exactly one batch of each kind, and every manifest has its
-  `batch.built` event (duplicates only with the same event id).
+- exactly-once: kill -9 the consumer several times while 1,000 trajectories and 20 content copies
+  (new ids) stream in; at the end every eligible content is in exactly one batch of each kind (the
+  original or its copy: after a kill, replay reads the partitions in no fixed order, so either may
+  come first), no trajectory is in two batches, and every manifest has its `batch.built` event
+  (duplicates only with the same event id).
+- a row too large for any `batch.rows` event: its trajectory (its group, for GRPO) is dead-lettered
+  with its coordinates and left out, the rest of the batch is published, and the builder exits 0.
 - the executor follows `training.batches` and publishes `policy.updated`; a record there it cannot
   train on reaches the DLQ with its coordinates and the next batch still trains.
 """
@@ -17,6 +21,7 @@ import pytest
 
 from consumers.batching.batch_writer import BatchStore, read_rows
 from consumers.batching.builders.common import reward_of
+from consumers.batching.builders.dedup import content_hash
 from consumers.batching.row_chunks import rows_sha256
 from schemas import topics
 from schemas.codec import decode, encode
@@ -26,6 +31,7 @@ from tests.support.trainer_data import synthetic
 pytestmark = pytest.mark.integration
 
 GROUP = 4
+KINDS = ("sft", "grpo", "dpo", "dpo_step")
 
 
 def _producer(bootstrap):
@@ -76,8 +82,10 @@ def test_exactly_once_under_kill9(broker, data_dir):
 
     ensure_topics(broker.bootstrap)
     trajectories = synthetic(1000, group_size=GROUP)
-    # content copies under new ids: dedup must keep them out of every batch
+    # content copies under new ids: dedup keeps one of each content (the original or the copy)
     copies = [t.model_copy(update={"trajectory_id": f"copy-{t.trajectory_id}"}) for t in trajectories[:20]]
+    content = {t.trajectory_id: content_hash(t) for t in trajectories + copies}
+    assert len({content[t.trajectory_id] for t in trajectories}) == len(trajectories), "distinct contents"
     producer = _producer(broker.bootstrap)
     store = BatchStore(data_dir)
     rng = random.Random(7)
@@ -94,37 +102,39 @@ def test_exactly_once_under_kill9(broker, data_dir):
             proc = _trainer(broker, data_dir, f"trainer-{round_ + 1}.log")
         eligible_sft = {t.trajectory_id for t in trajectories if t.success and t.steps}
         every = {t.trajectory_id for t in trajectories if reward_of(t) is not None}
+        expected = {k: {content[i] for i in (eligible_sft if k == "sft" else every)} for k in KINDS}
+
+        def batched():
+            return {k: Counter(i for m in store.manifests(k) for i in m.trajectory_ids) for k in KINDS}
 
         def done():
-            have = {
-                k: Counter(i for m in store.manifests(k) for i in m.trajectory_ids)
-                for k in ("sft", "grpo", "dpo", "dpo_step")
-            }
-            complete = set(have["sft"]) >= eligible_sft and all(
-                set(have[k]) >= every for k in ("grpo", "dpo", "dpo_step")
-            )
+            have = batched()
+            complete = all({content.get(i) for i in have[k]} >= expected[k] for k in KINDS)
             return complete and have
 
         try:
-            counts = wait_for(done, timeout_s=240, interval_s=0.5, what="all trajectories batched")
+            wait_for(done, timeout_s=240, interval_s=0.5, what="all trajectories batched")
         except TimeoutError:
-            have = {
-                k: {i for m in store.manifests(k) for i in m.trajectory_ids} for k in ("sft", "grpo", "dpo")
-            }
-            missing = {k: len((eligible_sft if k == "sft" else every) - v) for k, v in have.items()}
+            have = batched()
+            missing = {k: len(expected[k] - {content.get(i) for i in have[k]}) for k in KINDS}
             raise AssertionError(
-                f"not batched after 240 s: {missing}; log: {proc.log_text()[-2000:]}"
+                f"contents not batched after 240 s: {missing}; log: {proc.log_text()[-2000:]}"
             ) from None
         time.sleep(1.0)  # anything extra (a duplicate batch) would show up now
-        counts = done()
+        counts = batched()
     finally:
         proc.stop()
         producer.close()
-    assert set(counts["sft"]) == eligible_sft
-    assert all(set(counts[k]) == every for k in ("grpo", "dpo", "dpo_step")), "copies were deduplicated"
     for kind, counter in counts.items():
+        assert set(counter) <= set(content), (
+            f"{kind}: batched ids never published: {set(counter) - set(content)}"
+        )
         dupes = {i: n for i, n in counter.items() if n > 1}
         assert not dupes, f"{kind}: trajectories in more than one batch: {list(dupes)[:5]}"
+        per_content = Counter(content[i] for i in counter)
+        twice = [i for i in counter if per_content[content[i]] > 1]
+        assert not twice, f"{kind}: one content batched under several ids (dedup failed): {sorted(twice)[:6]}"
+        assert set(per_content) == expected[kind], f"{kind}: contents lost or extra"
     records = _read_all(broker.bootstrap, topics.TRAINING_BATCHES)
     events = [e for e in records if e.type == "batch.built"]
     by_batch = {}
@@ -290,3 +300,52 @@ def test_a_bad_batch_record_is_dead_lettered_with_its_coordinates_and_the_execut
     assert letter.payload == "{not a batch" and letter.source_key == "bad-batch"
     [update] = _read_all(broker.bootstrap, topics.POLICY_UPDATES)
     assert (update.policy_version, update.batch_ids) == ("v1", [manifest.batch_id])
+
+
+def test_a_row_too_large_for_any_event_is_dead_lettered_and_the_rest_published(broker, data_dir):
+    from clients.kafka import ensure_topics
+    from tests.support.trainer_data import scored, step
+
+    ensure_topics(broker.bootstrap)
+
+    # member 3 of task-a called a tool with 300,000 quotes: 0.6 MB in its event, 1.2 MB in its rows
+    # (the arguments are JSON inside the row's JSON), more than one batch.rows event can carry
+    def member(task, i):
+        cmd = '"' * 300_000 if (task, i) == ("task-a", 3) else f"ls {i}"
+        return scored(f"{task}-{i}", task, i / 4, [step("look", "bash", "ok", 0.5, cmd=cmd)], success=True)
+
+    trajectories = [member(task, i) for task in ("task-a", "task-b") for i in range(GROUP)]
+    producer = _producer(broker.bootstrap)
+    sent = {
+        t.trajectory_id: producer.send(
+            topics.TRAJECTORY_SCORED, key=t.trajectory_id.encode(), value=encode(t)
+        ).get(30)
+        for t in trajectories
+    }
+    producer.close()
+    args = [*AGENTSTREAM, "batch", "--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir)]
+    args += ["--kinds", "sft,grpo", "--group-size", str(GROUP), "--flush-interval-s", "0.3", "--retokenize"]
+    for run in range(2):  # the second run (a restart) has nothing left to fail on
+        proc = Proc([*args, "--idle-exit-s", "2"], data_dir.parent / f"batch-{run}.log")
+        assert proc.popen.wait(timeout=60) == 0, proc.log_text()[-3000:]
+        proc.stop()
+    store = BatchStore(data_dir)
+    [sft], [grpo] = store.manifests("sft"), store.manifests("grpo")
+    assert sorted(sft.trajectory_ids) == sorted(
+        t.trajectory_id for t in trajectories if t.trajectory_id != "task-a-3"
+    )
+    assert sorted(grpo.trajectory_ids) == [f"task-b-{i}" for i in range(GROUP)]
+    assert (sft.builder_config["left_out_by_row_size"], grpo.builder_config["left_out_by_row_size"]) == (1, 4)
+    built = {
+        e.batch_id for e in _read_all(broker.bootstrap, topics.TRAINING_BATCHES) if e.type == "batch.built"
+    }
+    assert built == {sft.batch_id, grpo.batch_id}
+    letters = _read_all(broker.bootstrap, topics.DLQ)
+    coordinates = {(d.trajectory_id, d.source_topic, d.source_partition, d.source_offset) for d in letters}
+    assert coordinates == {
+        (f"task-a-{i}", topics.TRAJECTORY_SCORED, sent[f"task-a-{i}"].partition, sent[f"task-a-{i}"].offset)
+        for i in range(GROUP)
+    }
+    assert all(d.stage == "trainer" and d.error_type == "RowTooLarge" for d in letters)
+    assert any(f"published as batch {grpo.batch_id}" in d.reason for d in letters)
+    assert any("(sft): row " in d.reason and "(trajectory task-a-3) takes " in d.reason for d in letters)
