@@ -95,8 +95,11 @@ def scored_from_json(items: list[Any]) -> list[TrajectoryScored]:
 
 
 def scored_sql(task_id: str | None, limit: int) -> Sql:
-    """The newest `trajectory.scored` event of each trajectory (of one task), as stored."""
+    """The newest `trajectory.scored` event of each training trajectory (of one task), as stored.
+    Evaluation episodes (`purpose` 'eval', schema 1.5) never become training data, as in
+    `agentstream export` (infra/export/sources.py)."""
     where = f"WHERE reward_version = (SELECT reward_version FROM {DATABASE}.reward_version_default)"
+    where += " AND purpose = 'train'"
     where += " AND task_id = {task_id:String}" if task_id else ""
     return Sql(
         f"SELECT raw FROM {DATABASE}.events WHERE type = 'trajectory.scored' AND event_id IN "
@@ -126,7 +129,9 @@ def build_preferences(
     limit: int = 500,
 ) -> dict[str, Any]:
     """DPO pairs (consumers/batching/builders/dpo.py) per task among `trajectories` (JSON), or,
-    without them, among the scored trajectories in ClickHouse (of `task_id`, at most `limit`)."""
+    without them, among the scored training trajectories in ClickHouse (of `task_id`, at most
+    `limit`). Evaluation episodes (purpose "eval") are never offered: left out of both, and counted
+    in `left_out_by_purpose`."""
     from consumers.batching.builders.dpo import DPOPairBuilder, DPOPairConfig, StepPairBuilder
     from consumers.errors import ConsumerConfigError
     from infra.export.rows import one_definition
@@ -139,14 +144,21 @@ def build_preferences(
         scored = scored_from_json(trajectories)
     else:
         scored = scored_from_clickhouse(config, task_id, limit)
+    training = [t for t in scored if t.purpose == "train"]
     groups: dict[str, list[TrajectoryScored]] = defaultdict(list)
-    for t in scored:
+    for t in training:
         if not task_id or t.task_id == task_id:
             groups[t.task_id].append(t)
     builder = StepPairBuilder(dpo) if level == "step" else DPOPairBuilder(dpo)
     # a pair compares two rewards of one definition (docs/reward-definitions.md), as the trainer's do
     pairs = [row for _, group in sorted(groups.items()) for row in builder.build(one_definition(group))]
-    return {"level": level, "trajectories": len(scored), "tasks": len(groups), "pairs": jsonable(pairs)}
+    return {
+        "level": level,
+        "trajectories": len(training),
+        "left_out_by_purpose": len(scored) - len(training),
+        "tasks": len(groups),
+        "pairs": jsonable(pairs),
+    }
 
 
 # --- export ---------------------------------------------------------------------------------------

@@ -102,7 +102,8 @@ def _data_tools(config: McpConfig) -> list[tuple[Callable[..., Any], dict]]:
         """DPO preference pairs (TRL's prompt/chosen/rejected) per task, from trajectories given as
         JSON (trajectory.scored events, or trajectories as score_trajectory takes them, which are
         scored first) or, without them, from the scored trajectories in ClickHouse (of task_id).
-        level=step pairs the first step where two runs of a task diverge."""
+        level=step pairs the first step where two runs of a task diverge. Evaluation episodes
+        (purpose eval) are never offered."""
         return data_tools.build_preferences(
             config, trajectories, task_id, level, min_margin, strategy, max_pairs
         )
