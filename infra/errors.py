@@ -12,6 +12,7 @@
         ├── ConsoleError          infra/console/: the web console's configuration or startup
         ├── ExportError           infra/export/errors.py: `agentstream export`
         ├── McpToolError          infra/mcp/errors.py: an MCP tool refused its input
+        ├── OutputFileError       infra/options/output_file.py: a result file option (`--json`, ...)
         └── BrokerError           infra/broker/errors.py: the embedded broker (its subtree is there)
 
 ClickHouse commands raise `clients.clickhouse.ClickHouseError` (the ground floor's root). Every

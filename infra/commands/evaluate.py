@@ -170,22 +170,11 @@ def report_json(report: dict) -> str:
 
 
 def run_eval(args) -> int:
-    import producers.envs  # noqa: F401  (registers the built-in environments)
-    from producers.envs.tasks import builtin_tasks, load_tasks
     from producers.rollout.driver import RolloutConfig
     from producers.rollout.evaluate import evaluate
 
-    if not args.policy_url:
-        raise EvalError("--policy-url: at least one endpoint is needed")
-    if args.episodes_per_task < 1:
-        raise EvalError(f"--episodes-per-task={args.episodes_per_task}: must be at least 1")
-    if not 0 < args.alpha < 1:
-        raise EvalError(f"--alpha={args.alpha}: must be between 0 and 1")
-    if args.bootstrap_resamples < 1:
-        raise EvalError(f"--bootstrap-resamples={args.bootstrap_resamples}: must be at least 1")
-    ks = pass_ks(args.pass_k, args.episodes_per_task)
-    tasks = load_tasks(args.tasks) if args.tasks else builtin_tasks(args.env)
-    tasks = [t for t in tasks if t.env == args.env] or tasks
+    ks, json_path = checked_options(args)  # every option checked before the first episode
+    tasks = eval_tasks(args.env, args.tasks)
     config = RolloutConfig(
         env=args.env, model=args.model, tasks=args.tasks, group_size=args.episodes_per_task,
         concurrency=args.concurrency, max_turns=args.max_turns, max_tokens=args.max_tokens,
@@ -198,10 +187,67 @@ def run_eval(args) -> int:
         recorder.close(timeout=60)
     report = build_report(played, ks, args.bootstrap_resamples, args.bootstrap_seed, args.alpha)
     output.lines(summary_lines(report))
-    if args.json:
-        Path(args.json).write_text(report_json(report) + "\n")
-        output.say(f"[eval] figures written to {args.json}")
+    if json_path is not None:
+        from infra.options.output_file import write_atomic
+
+        write_atomic(json_path, report_json(report) + "\n")
+        output.say(f"[eval] figures written to {json_path}")
     return 0
+
+
+def checked_options(args) -> tuple[tuple[int, ...], Path | None]:
+    """The k values of pass@k and the `--json` path, once every option has been checked (one
+    `EvalError` or `OutputFileError` naming the option and the value): a bad option fails before
+    any episode is played, not after."""
+    from infra.evaluation.stats import MAX_RESAMPLES
+    from infra.options.output_file import checked_output_file
+
+    if not args.policy_url:
+        raise EvalError("--policy-url: at least one endpoint is needed")
+    for option, value in (
+        ("--episodes-per-task", args.episodes_per_task),
+        ("--concurrency", args.concurrency),
+        ("--max-turns", args.max_turns),
+        ("--max-tokens", args.max_tokens),
+    ):
+        if value < 1:
+            raise EvalError(f"{option}={value}: must be at least 1")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise EvalError(f"--temperature={args.temperature}: must be a finite number >= 0")
+    if not 0 < args.alpha < 1:  # NaN fails this too
+        raise EvalError(f"--alpha={args.alpha}: must be between 0 and 1 (exclusive)")
+    if not 1 <= args.bootstrap_resamples <= MAX_RESAMPLES:
+        raise EvalError(
+            f"--bootstrap-resamples={args.bootstrap_resamples}: must be between 1 and {MAX_RESAMPLES}"
+        )
+    if args.bootstrap_seed < 0:
+        raise EvalError(f"--bootstrap-seed={args.bootstrap_seed}: must be >= 0")
+    ks = pass_ks(args.pass_k, args.episodes_per_task)
+    return ks, (checked_output_file(args.json, "--json") if args.json else None)
+
+
+def eval_tasks(env: str, tasks_file: str) -> list:
+    """The tasks of `--env` in `--tasks` (default: the env's built-in tasks), the others left out
+    with a note; none of that env is an `EvalError` naming both options, never a switch to another
+    env's tasks."""
+    import producers.envs  # noqa: F401  (registers the built-in environments)
+    from producers.envs.errors import EnvError
+    from producers.envs.tasks import builtin_tasks, load_tasks
+
+    try:
+        tasks = load_tasks(tasks_file) if tasks_file else builtin_tasks(env)
+    except EnvError as exc:
+        raise EvalError(f"--tasks={tasks_file!r}: {exc}" if tasks_file else f"--env={env!r}: {exc}") from None
+    chosen = [t for t in tasks if t.env == env]
+    if not chosen:
+        found = sorted({t.env for t in tasks})
+        where = f"--tasks={tasks_file!r}" if tasks_file else "its built-in task file"
+        raise EvalError(f"--env={env!r}: no task of this env in {where} (its tasks are of envs {found})")
+    if len(chosen) < len(tasks):
+        output.say(
+            f"[eval] --tasks={tasks_file!r}: {len(tasks) - len(chosen)} task(s) of other envs left out"
+        )
+    return chosen
 
 
 def _runner():

@@ -13,6 +13,7 @@ from typing import Literal
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 Alternative = Literal["two-sided", "less", "greater"]
 ALTERNATIVES = ("two-sided", "less", "greater")
+MAX_RESAMPLES = 1_000_000  # a paired bootstrap's resamples: 8 MB of means, bounded time per pair
 
 
 def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
@@ -113,10 +114,12 @@ def paired_bootstrap(
 
     if len(a) != len(b):
         raise ValueError(f"paired rewards: {len(a)} and {len(b)} episodes (must be equal)")
+    if not 1 <= resamples <= MAX_RESAMPLES:
+        raise ValueError(f"resamples={resamples}: must be between 1 and {MAX_RESAMPLES}")
+    if seed < 0:
+        raise ValueError(f"seed={seed}: must be >= 0")
     if not a:
         return Bootstrap(math.nan, math.nan, math.nan, math.nan, resamples, confidence)
-    if resamples < 1:
-        raise ValueError(f"resamples={resamples}: must be at least 1")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence={confidence}: must be between 0 and 1")
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)

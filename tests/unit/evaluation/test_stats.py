@@ -10,7 +10,14 @@ import pytest
 from scipy import stats
 
 from infra.evaluation.outcomes import Outcome, compare_all, compare_pair, pass_at_ks, summarize
-from infra.evaluation.stats import holm, mcnemar_exact, paired_bootstrap, pass_at_k, wilson_interval
+from infra.evaluation.stats import (
+    MAX_RESAMPLES,
+    holm,
+    mcnemar_exact,
+    paired_bootstrap,
+    pass_at_k,
+    wilson_interval,
+)
 
 
 @pytest.mark.parametrize(
@@ -138,3 +145,11 @@ def test_summary_keeps_greedy_apart():
     s = summarize("A", outcomes, ks=(1, 4))
     assert (s.episodes, s.successes, s.greedy_episodes, s.greedy_successes) == (4, 1, 1, 1)
     assert s.rate == 0.25 and s.greedy_rate == 1.0 and s.pass_at == {1: 0.25, 4: 1.0}
+
+
+def test_paired_bootstrap_refuses_resamples_it_cannot_hold_and_a_negative_seed():
+    with pytest.raises(ValueError, match="resamples=1000000000000: must be between 1 and 1000000"):
+        paired_bootstrap([1.0, 0.0], [0.0, 0.0], resamples=10**12)  # was a MemoryError
+    with pytest.raises(ValueError, match="seed=-1"):
+        paired_bootstrap([1.0, 0.0], [0.0, 0.0], resamples=10, seed=-1)
+    assert paired_bootstrap([1.0, 0.0], [0.0, 0.0], resamples=MAX_RESAMPLES // 1000).resamples == 1000

@@ -130,3 +130,67 @@ def test_the_same_endpoint_twice_is_named_apart_and_never_significant(monkeypatc
 def test_bad_requests_are_one_line_errors(capsys, extra, message):
     assert main(["eval", "--env", "calc", *extra]) != 0
     assert message in capsys.readouterr().err
+
+
+def _calc_tasks_file(tmp_path) -> str:
+    path = tmp_path / "calc.jsonl"
+    path.write_text(json.dumps({"task_id": "c1", "env": "calc", "task": {"expression": "1 + 1"}}) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--bootstrap-resamples", "1000000000000"],
+            "--bootstrap-resamples=1000000000000: must be between 1",
+        ),
+        (["--bootstrap-resamples", "0"], "--bootstrap-resamples=0"),
+        (["--bootstrap-seed", "-1"], "--bootstrap-seed=-1"),
+        (["--alpha", "nan"], "--alpha=nan"),
+        (["--alpha", "0"], "--alpha=0.0"),
+        (["--temperature", "inf"], "--temperature=inf"),
+        (["--temperature", "-0.5"], "--temperature=-0.5"),
+        (["--concurrency", "0"], "--concurrency=0"),
+        (["--max-tokens", "0"], "--max-tokens=0"),
+        (["--pass-k", "0,2"], "--pass-k='0,2'"),
+        (["--pass-k", "1,,2"], "--pass-k='1,,2'"),
+        (["--json", "{tmp}/missing/eval.json"], "--json='{tmp}/missing/eval.json': directory"),
+        (["--json", "{tmp}"], "--json='{tmp}': is a directory"),
+        (["--json", "{tmp}/file.txt/eval.json"], "'{tmp}/file.txt' is not a directory"),
+        (["--env", "echo", "--tasks", "{calc}"], "--env='echo': no task of this env in --tasks='{calc}'"),
+        (["--env", "nope"], "--env='nope': no built-in task file 'nope'"),
+    ],
+)
+def test_a_bad_option_fails_before_any_episode_is_played(monkeypatch, capsys, tmp_path, extra, message):
+    seen: list = []
+    fake_eval(monkeypatch, seen)
+    (tmp_path / "file.txt").write_text("")
+    calc = _calc_tasks_file(tmp_path)
+    extra = [part.format(tmp=tmp_path, calc=calc) for part in extra]
+    argv = ["eval", "--env", "calc", "--policy-url", "http://good/v1", "--episodes-per-task", "2", *extra]
+    assert main(argv) == 1
+    assert message.format(tmp=tmp_path, calc=calc) in capsys.readouterr().err
+    assert seen == []  # nothing was played
+
+
+def test_tasks_of_other_envs_are_left_out_with_a_note_and_the_json_is_written_whole(
+    monkeypatch, capsys, tmp_path
+):
+    seen: list = []
+    fake_eval(monkeypatch, seen)
+    mixed = tmp_path / "mixed.jsonl"
+    rows = [
+        {"task_id": "c1", "env": "calc", "task": {"expression": "1 + 1"}},
+        {"task_id": "e1", "env": "echo"},
+    ]
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = tmp_path / "out" / "eval.json"
+    report.parent.mkdir()
+    report.write_text("an earlier report")
+    argv = ["eval", "--env", "calc", "--tasks", str(mixed), "--policy-url", "http://good/v1"]
+    assert main([*argv, "--episodes-per-task", "2", "--no-greedy", "--json", str(report)]) == 0
+    assert "1 task(s) of other envs left out" in capsys.readouterr().out
+    data = json.loads(report.read_text())
+    assert {o["task_id"] for o in data["outcomes"]["http://good/v1"]} == {"c1"}
+    assert sorted(p.name for p in report.parent.iterdir()) == ["eval.json"]  # no temp file left behind
