@@ -14,15 +14,25 @@ points, minutes to +20 points, the final version against version 0 (exact McNema
 episodes), the harder difficulty; over the seeds, the mean gain with a 95% t interval; the control's
 gain beside it. JSON (`--output`), the table, and a curve PNG beside the JSON. `--repeats` does not
 apply: the seeds are the repeats. Runs go under `<data dir>/bench-learn/<run>` (wiped per run).
+
+A bench of seeds x budget runs for hours, so nothing finished is lost to a kill: as each run ends its
+summary is written beside the JSON (`<output stem>-<run>.json`, e.g. `learn-seed-0.json`) and the
+JSON itself holds the summary so far (`"partial": true`, the runs done and planned), each written
+whole (temp file + rename). Every option is checked before the first run.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
 
+from infra.errors import InfraError
 from infra.options.env import add_option, positive_int
+
+MAX_SEED = 2**31 - 1  # numpy's and torch's seeds take it; warm-start and rollout seeds derive from it
+MAX_HARD_DIFFICULTY = 5  # the calc env's hardest (producers/envs/calc.py)
 
 # two-sided 95% Student t quantiles by degrees of freedom (1..30); the normal 1.96 beyond
 T_95 = (
@@ -54,8 +64,12 @@ def add_arguments(parser) -> None:
     add_option(parser, "--warm-layers", type=positive_int, default=2, help="warm start layers")
 
 
+class BenchLearnError(InfraError, ValueError):
+    """A `bench learn` option that cannot be used (names the option and the value)."""
+
+
 def parse_seeds(text: str) -> list[int]:
-    """`--seeds`: distinct integers.
+    """`--seeds`: distinct integers from 0 to MAX_SEED.
 
     >>> parse_seeds("0, 1,2")
     [0, 1, 2]
@@ -63,9 +77,14 @@ def parse_seeds(text: str) -> list[int]:
     try:
         seeds = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ValueError(f"--seeds: expected comma-separated integers, got {text!r}") from None
+        raise BenchLearnError(f"--seeds: expected comma-separated integers, got {text!r}") from None
     if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds: expected distinct integers, got {text!r}")
+        raise BenchLearnError(f"--seeds: expected distinct integers, got {text!r}")
+    outside = [seed for seed in seeds if not 0 <= seed <= MAX_SEED]
+    if outside:
+        raise BenchLearnError(
+            f"--seeds: each seed must be from 0 to {MAX_SEED}, got {outside[0]} in {text!r}"
+        )
     return seeds
 
 
@@ -94,8 +113,12 @@ def _configs(args) -> list[tuple[str, object]]:
     from infra.learn.loop import LearnConfig
     from infra.learn.warmstart import WarmStartConfig
 
-    if args.budget_min <= 0:
-        raise ValueError(f"--budget-min: must be > 0, got {args.budget_min!r}")
+    if not (math.isfinite(args.budget_min) and args.budget_min > 0):
+        raise BenchLearnError(f"--budget-min: must be a finite number > 0, got {args.budget_min!r}")
+    if not 0 <= args.hard_difficulty <= MAX_HARD_DIFFICULTY:
+        raise BenchLearnError(
+            f"--hard-difficulty: must be from 0 (none) to {MAX_HARD_DIFFICULTY}, got {args.hard_difficulty!r}"
+        )
     seeds = parse_seeds(args.seeds)
     runs = [(f"seed {s}", s, False) for s in seeds] + ([("control", seeds[0], True)] if args.control else [])
     configs = []
@@ -119,18 +142,53 @@ def run(args) -> dict:
     from schemas.settings import Settings
 
     configs = _configs(args)  # every option checked before the first run starts
+    output = _output_path(args.output)
     root = Path(Settings.from_args(args).data_dir).resolve()
-    runs = {
-        name: run_learning(config, root / "bench-learn" / name.replace(" ", "-"), warm_cache(root))
-        for name, config in configs
-    }
+    runs: dict[str, dict] = {}
+    for name, config in configs:
+        runs[name] = run_learning(config, root / "bench-learn" / name.replace(" ", "-"), warm_cache(root))
+        save_progress(output, runs, [n for n, _ in configs])
     result = summarize(runs)
-    png = Path(args.output or "bench-results/learn.json").with_suffix(".png")
-    png.parent.mkdir(parents=True, exist_ok=True)
+    png = output.with_suffix(".png")
     title = f"agentstream bench learn: held-out calc success, {args.budget_min:g} min per run"
     result["curve_png"] = str(write_runs_curve({n: r["points"] for n, r in runs.items()}, png, title))
     result["notes"].append(f"curve: {png}")
     return result
+
+
+def _output_path(value: str | None) -> Path:
+    """`--output` (default bench-results/learn.json), its directory made as `write_report` does, and
+    checked writable now rather than after the first run."""
+    from infra.options.output_file import OutputFileError, checked_output_file
+
+    value = value or "bench-results/learn.json"
+    try:
+        Path(value).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputFileError(f"--output={value!r}: its directory cannot be made ({exc})") from None
+    return checked_output_file(value, "--output")
+
+
+def run_file(output: Path, name: str) -> Path:
+    """Where run `name`'s summary is saved when it ends: beside `output`.
+
+    >>> run_file(Path("bench-results/learn.json"), "seed 0").as_posix()
+    'bench-results/learn-seed-0.json'
+    """
+    return output.with_name(f"{output.stem}-{name.replace(' ', '-')}.json")
+
+
+def save_progress(output: Path, runs: dict[str, dict], planned: list[str]) -> None:
+    """The newest run's summary beside `output`, and `output` the summary of the runs so far
+    (`"partial": true`), each written whole: a kill loses only the run in progress."""
+    from infra.options.output_file import write_atomic
+
+    name, last = next(reversed(runs.items()))
+    write_atomic(run_file(output, name), json.dumps({"run": name, **last}, indent=2, default=str))
+    so_far = {"benchmark": "learn", "partial": True, "runs_done": list(runs), "runs_planned": planned}
+    so_far |= summarize(runs)
+    so_far["notes"].insert(0, f"partial: {len(runs)} of {len(planned)} runs done")
+    write_atomic(output, json.dumps(so_far, indent=2, default=str))
 
 
 def summarize(runs: dict[str, dict]) -> dict:

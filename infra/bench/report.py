@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from infra.options.output_file import write_atomic
 from infra.terminal.output import lines, say
 from infra.terminal.tables import format_table
 
@@ -49,7 +50,7 @@ def write_report(name: str, result: dict, output: str | None = None) -> Path:
     path = Path(output or f"bench-results/{name}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {"benchmark": name, "machine": machine(), **result}
-    path.write_text(json.dumps(document, indent=2, default=str))
+    write_atomic(path, json.dumps(document, indent=2, default=str))  # whole: never half a file
     say(f"\n## agentstream bench {name}\n")
     say(format_table(result.get("rows", [])))
     for title, key in result.get("tables", {}).items():  # further tables: title -> the result's key
