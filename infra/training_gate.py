@@ -33,29 +33,47 @@ log = logging.getLogger(__name__)
 TEMPERATURE = 1.0  # the sampled episodes' temperature (as `demo --learn` evaluates)
 MAX_TURNS = 3  # turns per held-out episode (as `demo --learn`: calculator, submit, one spare)
 MAX_TASKS = 10_000
+TASK_KEYS = ("task_id", "env", "task", "domain")  # a task line's keys (producers.envs.tasks)
+CALC_TASK_KEYS = ("expression",)  # what the gate plays of a calc task
+
+
+def max_gate_samples() -> int:
+    """`--gate-samples`' bound: `heldout.evaluate` seeds sample j of task i with `seed + 1000 * i + j`
+    and the greedy episode with slot `GREEDY_SEED_OFFSET`, so more samples would share seeds."""
+    from infra.learn.heldout import GREEDY_SEED_OFFSET
+
+    return GREEDY_SEED_OFFSET
+
+
+def check_gate_samples(samples: int) -> int:
+    """`--gate-samples` within 1..max_gate_samples() (`ConsumerConfigError` naming it otherwise)."""
+    if not 1 <= samples <= max_gate_samples():
+        raise ConsumerConfigError(
+            f"--gate-samples: must be between 1 and {max_gate_samples()} (held-out seeds are "
+            f"seed + 1000 * task + sample), got {samples!r}"
+        )
+    return samples
 
 
 def gate_expressions(path: Path) -> tuple[str, ...]:
-    """The calc expressions of a task file; a task of another env or without an expression raises
-    `ConsumerConfigError` naming the file, the task and the field."""
+    """The calc expressions of a task file, in order. `ConsumerConfigError` naming the file, the line
+    and the field for: a line that is not a task, an unknown key (on the line or in its `task`), a
+    task of another env or without an expression, a repeated task_id, and a repeated expression
+    (the outcomes are paired by expression: a repeat would be played and not counted)."""
     from producers.envs.arithmetic import safe_eval
-    from producers.envs.errors import EnvError
-    from producers.envs.tasks import load_tasks
 
-    try:
-        tasks = load_tasks(path)
-    except EnvError as exc:
-        raise ConsumerConfigError(f"--gate-tasks: {exc}") from None
-    if not tasks:
-        raise ConsumerConfigError(f"--gate-tasks: {path} has no task")
-    if len(tasks) > MAX_TASKS:
-        raise ConsumerConfigError(f"--gate-tasks: {path} has {len(tasks)} tasks, at most {MAX_TASKS}")
-    expressions = []
-    for task in tasks:
-        where = f"--gate-tasks: {path}: task {task.task_id!r}"
-        if task.env != "calc":
-            raise ConsumerConfigError(f"{where}: field 'env': the gate plays calc tasks, got {task.env!r}")
-        expression = task.task.get("expression")
+    expressions: dict[str, int] = {}  # expression -> its line
+    for number, row in _task_rows(path):
+        where = f"--gate-tasks: {path}:{number}: task {row['task_id']!r}"
+        if row["env"] != "calc":
+            raise ConsumerConfigError(f"{where}: field 'env': the gate plays calc tasks, got {row['env']!r}")
+        task = row.get("task", {})
+        unknown = [key for key in task if key not in CALC_TASK_KEYS]
+        if unknown:
+            raise ConsumerConfigError(
+                f"{where}: unknown key 'task.{unknown[0]}' (a gate task has {CALC_TASK_KEYS})"
+            )
+        expression = task.get("expression")
         if not isinstance(expression, str) or not expression.strip():
             raise ConsumerConfigError(
                 f"{where}: field 'task.expression': expected a string, got {expression!r}"
@@ -64,8 +82,50 @@ def gate_expressions(path: Path) -> tuple[str, ...]:
             safe_eval(expression)
         except Exception as exc:
             raise ConsumerConfigError(f"{where}: field 'task.expression': {expression!r} ({exc})") from None
-        expressions.append(expression)
+        if expression in expressions:
+            raise ConsumerConfigError(
+                f"{where}: field 'task.expression': {expression!r} repeats line {expressions[expression]} "
+                "(held-out outcomes are paired by expression: give each expression once)"
+            )
+        expressions[expression] = number
     return tuple(expressions)
+
+
+def _task_rows(path: Path) -> list[tuple[int, dict]]:
+    """(line number, row) of every task line, each a task (`producers.envs.tasks.parse_task_line`)
+    with no key beyond TASK_KEYS and a task_id of its own; at least one, at most MAX_TASKS."""
+    from producers.envs.errors import EnvError
+    from producers.envs.tasks import parse_task_line
+    from schemas.json_input import json_object
+
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConsumerConfigError(f"--gate-tasks: {path}: cannot be read ({exc})") from None
+    rows, ids = [], {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"--gate-tasks: {path}:{number}"
+        if len(rows) == MAX_TASKS:
+            raise ConsumerConfigError(f"{where}: more than {MAX_TASKS} tasks")
+        row = json_object(line, where, ConsumerConfigError)
+        unknown = [key for key in row if key not in TASK_KEYS]
+        if unknown:
+            raise ConsumerConfigError(f"{where}: unknown key {unknown[0]!r} (a task line has {TASK_KEYS})")
+        try:
+            parse_task_line(line, f"{path}:{number}")
+        except EnvError as exc:
+            raise ConsumerConfigError(f"--gate-tasks: {exc}") from None
+        if row["task_id"] in ids:
+            raise ConsumerConfigError(
+                f"{where}: task_id {row['task_id']!r} repeats line {ids[row['task_id']]}"
+            )
+        ids[row["task_id"]] = number
+        rows.append((number, row))
+    if not rows:
+        raise ConsumerConfigError(f"--gate-tasks: {path} has no task")
+    return rows
 
 
 def base_model_dir(run: TrainRunConfig) -> Path:
@@ -155,6 +215,16 @@ class HeldoutGateEvaluator:
         return self._base.with_checkpoint(Path(version.checkpoint_path), version.policy_version)
 
 
+def check_gate_options(run: TrainRunConfig) -> tuple[str, ...]:
+    """`--gate`'s options beyond the config's own checks, before any training (and before a group
+    is launched): `--gate-samples` within bounds and the `--gate-tasks` file; its expressions.
+    Nothing without `--gate`."""
+    if not run.gate:
+        return ()
+    check_gate_samples(run.gate_samples)
+    return gate_expressions(Path(run.gate_tasks or ""))
+
+
 def build_gate(run: TrainRunConfig) -> Gate | None:
     """The gate `--gate` asks for (None without it): the held-out tasks checked now, the serving
     version read from `policy.updates` by `clients.current_policy` (which skips refused versions)."""
@@ -162,7 +232,7 @@ def build_gate(run: TrainRunConfig) -> Gate | None:
         return None
     from clients.current_policy import read_current_policy
 
-    expressions = gate_expressions(Path(run.gate_tasks or ""))  # checked before the model is built
+    expressions = check_gate_options(run)  # checked before the model is built
     evaluator = HeldoutGateEvaluator(
         base_model_dir(run), expressions, run.gate_samples, run.train.seed, device=run.train.device or "auto"
     )
@@ -170,5 +240,4 @@ def build_gate(run: TrainRunConfig) -> Gate | None:
         evaluator,
         lambda: read_current_policy(run.bootstrap_servers, timeout_s=30.0),
         run.gate_alpha,
-        run.train.max_staleness,
     )

@@ -6,7 +6,11 @@ Owns the rank processes only (it knows nothing about batches or weights):
   free port), so a rank joins the group exactly as it would under torchrun or `accelerate launch`;
 - supervises them as one unit, like torchrun: when any rank exits non-zero or is killed, the others
   get SIGTERM (to their process groups), SIGKILL after a grace, and the whole group starts again on
-  a new port, at most `max_restarts` times; each restart is logged with the rank and its exit status;
+  a new port, at most `max_restarts` times in a row; each restart is logged with the rank and its
+  exit status. An attempt that ran `healthy_s` (10 minutes) before failing counts as healthy: the
+  restarts start counting again, so a long run survives a rare failure a day but a group that keeps
+  failing soon after starting gives up. A rank exiting 2 (a usage error: an option or a file the
+  user named is wrong, the same on every start) stops the group at once, exit 2, no restart;
 - on SIGTERM / SIGINT it passes SIGTERM to every rank (rank 0 finishes the batch in hand and tells
   the others to stop), SIGKILLs what is left after the grace, and returns 0.
 
@@ -40,6 +44,8 @@ MASTER_ADDR = "127.0.0.1"
 STOP_GRACE_S = 30.0  # a rank finishing the batch in hand before it stops
 FINISH_GRACE_S = 120.0  # the other ranks, once rank 0 has exited 0
 RESTART_DELAY_S = 1.0
+HEALTHY_S = 600.0  # an attempt that ran this long before failing resets the restart count
+USAGE_EXIT = 2  # argparse's exit code, and a rank's on a configuration error: restarting cannot help
 
 
 class GroupError(InfraError):
@@ -62,6 +68,54 @@ def check_launch(nproc: int, environ: Mapping[str, str]) -> None:
             f"--nproc: {nproc} asked, but this process is already rank {environ.get('RANK')!r} of "
             f"WORLD_SIZE={environ.get('WORLD_SIZE')!r} (started by torchrun, accelerate or "
             "`agentstream train --nproc`); give --nproc 1 under a launcher"
+        )
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def nproc_limit(device: str | None) -> tuple[int, str]:
+    """(the most ranks this machine runs, what bounds them): CUDA devices with `--device cuda` (or
+    no `--device` and CUDA available: the ranks would take cuda:0..N-1), else CPUs. Imports torch
+    only when the device is not `cpu`."""
+    if device is None or device.startswith("cuda"):
+        import torch
+
+        if device is not None or torch.cuda.is_available():
+            return torch.cuda.device_count(), "CUDA devices"
+    return usable_cpus(), "CPUs"
+
+
+def check_nproc(nproc: int, limit: int, what: str) -> None:
+    """Refuse more ranks than `limit` (one per CPU on CPU, one per GPU on CUDA).
+
+    >>> check_nproc(2, 2, "CPUs")
+    >>> try:
+    ...     check_nproc(64, 2, "CPUs")
+    ... except GroupError as exc:
+    ...     print(exc)
+    --nproc: 64 ranks asked, but there are 2 CPUs here (one rank each at most); give --nproc 2 or fewer
+    """
+    if nproc > limit:
+        fix = f"give --nproc {limit} or fewer" if limit else "give --device cpu"
+        raise GroupError(
+            f"--nproc: {nproc} ranks asked, but there are {limit} {what} here (one rank each at most); {fix}"
+        )
+
+
+def check_restarts(nproc: int, max_restarts: int, default: int, environ: Mapping[str, str]) -> None:
+    """Refuse `--max-restarts` (a value other than its default) for one process outside a launcher:
+    restarts are the `--nproc N` launcher's, and one process has no launcher to restart it."""
+    if nproc == 1 and max_restarts != default and not launched_rank(environ):
+        raise GroupError(
+            f"--max-restarts: {max_restarts} given with --nproc 1, but only a group launched with "
+            "--nproc 2 or more is supervised and restarted; drop --max-restarts, or restart this "
+            "process with a process supervisor (systemd, Kubernetes)"
         )
 
 
@@ -141,6 +195,7 @@ class TrainingGroup:
         finish_grace_s: float = FINISH_GRACE_S,
         restart_delay_s: float = RESTART_DELAY_S,
         interval_s: float = 0.2,
+        healthy_s: float = HEALTHY_S,
     ):
         if nproc < 1:
             raise GroupError(f"--nproc: expected at least 1, got {nproc}")
@@ -151,16 +206,18 @@ class TrainingGroup:
         self.threads = threads_per_rank(nproc, base)
         self.env = {**base, "PYTHONUNBUFFERED": "1"}
         self.grace_s, self.finish_grace_s = grace_s, finish_grace_s
-        self.restart_delay_s, self.interval_s = restart_delay_s, interval_s
+        self.restart_delay_s, self.interval_s, self.healthy_s = restart_delay_s, interval_s, healthy_s
         self.ranks: list[subprocess.Popen] = []
         self.attempt = 0  # 0: the first start; n: the n-th restart
+        self.restarts = 0  # restarts since the last healthy attempt (what --max-restarts bounds)
+        self.started_at = 0.0  # when the current attempt started (time.monotonic)
         self.ports: list[int] = []  # the port of each attempt
         self.exits: list[RankExit] = []  # every rank that ended an attempt by failing
         self._signal: int | None = None
 
     def run(self) -> int:
-        """Start the group and supervise it until every rank exits 0 (0), a signal (0), or a failure
-        with no restart left (1)."""
+        """Start the group and supervise it until every rank exits 0 (0), a signal (0), a rank's
+        usage error (2), or a failure with no restart left (1)."""
         handlers = {s: signal.signal(s, self._record_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             return self.supervise()
@@ -190,6 +247,7 @@ class TrainingGroup:
         """Spawn every rank of a new attempt on a fresh port."""
         port = free_port()
         self.ports.append(port)
+        self.started_at = time.monotonic()
         self.ranks = [self._spawn(rank, port) for rank in range(self.nproc)]
         log.info(
             "train: started %d ranks on %s:%d (attempt %d, pids %s)",
@@ -238,18 +296,34 @@ class TrainingGroup:
     def _on_failure(self, failed: list[tuple[int, int]]) -> int | None:
         for rank, code in failed:
             self.exits.append(RankExit(self.attempt, rank, code))
-        rank, code = failed[0]
+        usage = [(rank, code) for rank, code in failed if code == USAGE_EXIT]
+        rank, code = (usage or failed)[0]
+        ran = time.monotonic() - self.started_at
         self.stop(self.grace_s)
-        if self.attempt >= self.max_restarts:
+        if usage:
             log.error(
-                "train: rank %d %s; %d restarts used (--max-restarts %d); giving up",
-                rank, exit_status(code), self.attempt, self.max_restarts,
+                "train: rank %d exited with code %d, a usage error (its message is above); "
+                "not restarting: it would fail the same way",
+                rank, code,
+            )  # fmt: skip
+            return USAGE_EXIT
+        if ran >= self.healthy_s and self.restarts:
+            log.info(
+                "train: attempt %d ran %.0fs before failing (healthy, >= %.0fs): the restart count "
+                "starts again", self.attempt + 1, ran, self.healthy_s,
+            )  # fmt: skip
+            self.restarts = 0
+        if self.restarts >= self.max_restarts:
+            log.error(
+                "train: rank %d %s; %d restarts in a row used (--max-restarts %d); giving up",
+                rank, exit_status(code), self.restarts, self.max_restarts,
             )  # fmt: skip
             return 1
+        self.restarts += 1
         log.warning(
             "train: rank %d %s; stopped the other ranks, restarting the group "
             "(restart %d of %d, a new port)",
-            rank, exit_status(code), self.attempt + 1, self.max_restarts,
+            rank, exit_status(code), self.restarts, self.max_restarts,
         )  # fmt: skip
         return None
 

@@ -3,18 +3,29 @@ model and its tokenizer (`model/`), the optimizer state (`optimizer.pt`) and `st
 `TrainState`); `latest` names the newest complete one and is written last, so it is the commit
 point of a checkpoint. In a group of ranks only rank 0 writes; every rank reads the same directory.
 Resuming reloads all three. torch is imported inside functions only.
+
+After the evaluation gate refuses a version (`gate`), `roll_back` points `latest` at the version
+serving now instead (`base/`, a `state.json` without weights, for the base model) and writes the
+executor's state there: its version counter and batches go on, its weights and step are the serving
+version's. The refused version's directory is left as it is (the lineage names it). A refused
+version `latest` still names (the process stopped before rolling back) is rolled back when the
+executor starts (`roll_back_refused`), so a restart resumes from the serving weights.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from consumers.batching.batch_writer import atomic_write
 from consumers.errors import TrainerError
 from consumers.training.versions import TrainState
+from schemas.policy_versions import BASE_VERSION
+
+BASE = BASE_VERSION  # `latest` names it after a roll-back to the base model: a state.json, no weights
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
@@ -101,10 +112,66 @@ def save_checkpoint(
 
 
 def save_state(ckpt_root: Path, state: TrainState) -> None:
-    """Rewrite the current version's `state.json` (weights unchanged: a dropped batch)."""
-    path = ckpt_root / str(state.policy_version)
-    if state.policy_version is not None and path.is_dir():
+    """Rewrite the current version's `state.json` (weights unchanged: a dropped batch); `base/`'s
+    after a roll-back to the base model."""
+    path = ckpt_root / (state.policy_version or BASE)
+    if path.is_dir():
         atomic_write(path / "state.json", json.dumps(asdict(state), indent=2).encode())
+
+
+def roll_back(ckpt_root: Path, state: TrainState, version: str) -> TrainState:
+    """Point `latest` at `version`'s checkpoint ("base": the base model) and write there `state`
+    with `version`'s weights' version and step; returns that state. Rank 0 only."""
+    if version == BASE:
+        path, step = ckpt_root / BASE, 0
+        path.mkdir(parents=True, exist_ok=True)
+    else:
+        path = ckpt_root / version
+        weights = (path / "adapter").is_dir() or (path / "model").is_dir()
+        if not (weights and (path / "optimizer.pt").is_file() and (path / "state.json").is_file()):
+            raise TrainerError(
+                f"roll back: {path} is not a complete checkpoint of {version!r} (adapter/ or model/, "
+                "optimizer.pt, state.json); the executor cannot go back to the version serving now"
+            )
+        step = read_state(path).step
+    rolled = replace(state, policy_version=None if version == BASE else version, step=step)
+    atomic_write(path / "state.json", json.dumps(asdict(rolled), indent=2).encode())
+    atomic_write(ckpt_root / "latest", path.name.encode())
+    return rolled
+
+
+def restore_target(state: TrainState) -> str | None:
+    """The version to go back to when `state` is at a version the gate refused (the one it was
+    compared with: "base" or "vN"); None when it is not (accepted, ungated, or rolled back already).
+
+    >>> refused = {"policy_version": "v2", "gate": "refused", "gate_figures": {"serving_version": 1.0}}
+    >>> restore_target(TrainState(policy_version="v2", last_event=refused))
+    'v1'
+    >>> restore_target(TrainState(policy_version="v1", last_event=refused)) is None  # rolled back
+    True
+    """
+    event = state.last_event or {}
+    if event.get("gate") != "refused" or event.get("policy_version") != state.policy_version:
+        return None
+    number = (event.get("gate_figures") or {}).get("serving_version")
+    bad = isinstance(number, bool) or not isinstance(number, int | float) or not math.isfinite(number)
+    if bad or number < 0 or number != int(number):
+        raise TrainerError(
+            f"gate: {state.policy_version} was refused against serving_version {number!r}, not a "
+            "version number of this executor: cannot tell which weights to go back to"
+        )
+    return BASE if number == 0 else f"v{int(number)}"
+
+
+def roll_back_refused(ckpt_root: Path) -> str | None:
+    """When `latest` names a version the gate refused, roll back to the version it was compared
+    with; returns that version (None: nothing to do). Rank 0 only, when the executor starts."""
+    latest = latest_checkpoint(ckpt_root)
+    state = read_state(latest) if latest is not None else None
+    target = restore_target(state) if state is not None else None
+    if target is not None:
+        roll_back(ckpt_root, state, target)
+    return target
 
 
 def reference_dir(ckpt_root: Path, reference: str) -> Path | None:

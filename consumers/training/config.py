@@ -15,6 +15,7 @@ from typing import Any, Literal
 from consumers.batching.config import check_kinds
 from consumers.batching.kinds import METHODS, follow_kind
 from consumers.errors import ConsumerConfigError
+from consumers.training.batch_rows import DEFAULT_MAX_ASSEMBLY_MB
 from schemas.settings import DEFAULT_BOOTSTRAP
 
 
@@ -155,6 +156,15 @@ class TrainRunConfig:
     idle_exit_s: float | None = field(
         default=None, metadata={"help": "--follow: exit after this long without batches"}
     )
+    max_assembly_mb: int = field(
+        default=DEFAULT_MAX_ASSEMBLY_MB,
+        metadata={
+            "help": "--follow: MB of batch.rows chunks held while assembling batches (as received; "
+            "decoded rows take about 4x). A batch larger than this is refused (BatchTooLarge); past "
+            "it the oldest unfinished batch is set aside and its chunks read again from the log when "
+            "its batch.built comes"
+        },
+    )
     nproc: int = field(
         default=1,
         metadata={
@@ -196,6 +206,8 @@ class TrainRunConfig:
                 f"train: give exactly one of --follow or --batch PATH (got --follow {self.follow}, "
                 f"--batch {str(self.batch) if self.batch else None!r})"
             )
+        if self.max_assembly_mb < 1:
+            raise ConsumerConfigError(f"--max-assembly-mb: must be >= 1, got {self.max_assembly_mb!r}")
         check_kinds(self.kinds)
         self._check_gate()
 

@@ -7,7 +7,13 @@ group, and every collective here is the identity. gloo on CPU, nccl on CUDA (eac
 `cuda:<LOCAL_RANK>`).
 
 The collective timeout is long on purpose: a dead rank is noticed by whoever launched the group
-(it restarts the whole group), not by a peer timing out mid-step.
+(it restarts the whole group), not by a peer timing out mid-step. It also bounds how long the other
+ranks wait for rank 0's next work item, so rank 0 sends them a no-op item while it has nothing for
+them (`group_work.LeadExecutor`'s keepalive, every `keepalive_interval_s`); `AGENTSTREAM_GROUP_TIMEOUT_S`
+sets it (tests use a few seconds; every rank must see the same value).
+
+RANK, LOCAL_RANK, MASTER_ADDR or MASTER_PORT without WORLD_SIZE is refused: such a process would
+run alone and publish its own versions beside the rest of its intended group.
 
 Nothing here runs at import time; torch is imported inside functions only. Bad environment values
 are a `TrainerError` naming the variable and the value.
@@ -24,6 +30,10 @@ from consumers.errors import TrainerError
 
 DEFAULT_TIMEOUT_S = 3600.0
 """Collective timeout: long, so a slow rank (a long batch, a checkpoint on rank 0) is not fatal."""
+TIMEOUT_ENV = "AGENTSTREAM_GROUP_TIMEOUT_S"
+KEEPALIVE_S = 60.0
+"""Rank 0 sends an idle item at least this often while it has no work for the other ranks."""
+GROUP_VARS = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 T = TypeVar("T")
 
@@ -52,10 +62,9 @@ def _int_var(env: Mapping[str, str], name: str, low: int, high: int | None = Non
         raise TrainerError(
             f"{name}: not set (WORLD_SIZE > 1 needs RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)"
         )
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise TrainerError(f"{name}: expected an integer, got {raw!r}") from None
+    if not (raw.isascii() and raw.isdigit()):  # int() would take " 2", "+2", "1_0", "\u0662"
+        raise TrainerError(f"{name}: expected a whole number in ASCII digits, got {raw!r}")
+    value = int(raw)
     if value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise TrainerError(f"{name}: must be {bound}, got {raw!r}")
@@ -73,9 +82,18 @@ def ranks_from_env(env: Mapping[str, str] | None = None) -> Ranks | None:
     """
     env = os.environ if env is None else env
     if env.get("WORLD_SIZE") is None:
+        stray = [name for name in GROUP_VARS if name in env]
+        if stray:
+            raise TrainerError(
+                f"{', '.join(stray)}: set ({', '.join(f'{n}={env[n]!r}' for n in stray)}) but WORLD_SIZE "
+                "is not: a rank needs all of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (as "
+                "torchrun sets them); unset them to train as one process, or use --nproc / torchrun"
+            )
         return None
     world = _int_var(env, "WORLD_SIZE", 1)
     if world == 1:
+        if env.get("RANK", "0") != "0":
+            raise TrainerError(f"RANK: must be 0 when WORLD_SIZE is 1, got {env['RANK']!r}")
         return None
     rank = _int_var(env, "RANK", 0, world - 1)
     local_rank = _int_var(env, "LOCAL_RANK", 0, world - 1)
@@ -85,13 +103,42 @@ def ranks_from_env(env: Mapping[str, str] | None = None) -> Ranks | None:
     return Ranks(rank=rank, world_size=world, local_rank=local_rank)
 
 
-def join_group(device: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Ranks:
+def group_timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """The collective timeout: `AGENTSTREAM_GROUP_TIMEOUT_S` when set (checked), else `DEFAULT_TIMEOUT_S`.
+
+    >>> group_timeout_s({}), group_timeout_s({TIMEOUT_ENV: "4"})
+    (3600.0, 4.0)
+    """
+    env = os.environ if env is None else env
+    raw = env.get(TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise TrainerError(f"{TIMEOUT_ENV}: expected seconds > 0, got {raw!r}")
+    return value
+
+
+def keepalive_interval_s(timeout_s: float) -> float:
+    """How often rank 0 sends an idle item: `KEEPALIVE_S`, or a quarter of a shorter timeout.
+
+    >>> keepalive_interval_s(3600.0), keepalive_interval_s(2.0)
+    (60.0, 0.5)
+    """
+    return min(KEEPALIVE_S, timeout_s / 4)
+
+
+def join_group(device: str | None, timeout_s: float | None = None) -> Ranks:
     """Join the group the environment describes (gloo on CPU, nccl on CUDA) and return this
     process's ranks; `Ranks()` without a group for a single process. Joining twice returns the
-    same ranks (the group is joined once per process)."""
+    same ranks (the group is joined once per process). `timeout_s`: default `group_timeout_s()`."""
     ranks = ranks_from_env()
     if ranks is None:
         return Ranks()
+    timeout_s = group_timeout_s() if timeout_s is None else timeout_s
     if timeout_s <= 0:
         raise TrainerError(f"timeout_s: must be > 0, got {timeout_s!r}")
     import datetime
@@ -135,6 +182,19 @@ def _tensor_device():
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def bind_thread(ranks: Ranks) -> None:
+    """Make the calling thread use this rank's CUDA device (a new thread starts on device 0), so a
+    collective it runs uses the same device as the main thread's (nothing on CPU / gloo)."""
+    if not ranks.distributed:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        import torch
+
+        torch.cuda.set_device(ranks.local_rank)
 
 
 def broadcast_object(ranks: Ranks, obj: T) -> T:

@@ -31,6 +31,8 @@ a `policy.updated` event per version. torch / transformers / peft are imported i
 - One base: `--base-model` (AGENTSTREAM_BASE_MODEL, the policy server's setting too). Each
   `policy.updated` names it (`base_model_id`, `tokenizer_hash`: `clients.base_model`), and a
   checkpoint trained on another base is refused at start rather than resumed.
+- A version the evaluation gate refused is not trained on: `restore` goes back to the serving
+  version's checkpoint (or the base), at once and when starting (`gate`, `checkpoints.roll_back`).
 
 The parts around it: `row_tensors` (rows -> padded tensors), `reference` (the reference policy),
 `versions` (the state, the version numbering and the event), `checkpoints` (the files on disk).
@@ -128,7 +130,8 @@ class TrainingExecutor:
 
     def _load(self) -> None:
         """Long: tokenizer, model (base or resumed; adapter; checkpointing; DDP/FSDP), optimizer
-        and state from the latest checkpoint, then the reference policy; the same on every rank."""
+        and state from the latest checkpoint (rolled back first when the gate refused it: `gate`),
+        then the reference policy; the same on every rank."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -144,14 +147,19 @@ class TrainingExecutor:
         self.tokenizer_hash = tokenizer_hash(self.tokenizer, base_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        if self.ranks.is_main and (back := checkpoints.roll_back_refused(self.ckpt_root)) is not None:
+            log.warning("executor: the latest version was refused by the gate; resuming from %s", back)
+        distributed.barrier(self.ranks)  # every rank reads `latest` after rank 0's roll-back
         latest = checkpoints.latest_checkpoint(self.ckpt_root)
-        weights = latest / "model" if latest is not None and not self.config.lora else base_dir
+        state = checkpoints.read_state(latest) if latest is not None else None
+        source = latest if state is not None and state.policy_version is not None else None  # else base
+        weights = source / "model" if source is not None and not self.config.lora else base_dir
         model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype)
         if self.config.gradient_checkpointing:
             model.config.use_cache = False
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.config.lora:
-            model = self._with_adapter(model, latest)
+            model = self._with_adapter(model, source)
         self.model = model.to(device)
         self.model.train()
         # The module forward passes with gradients go through (DDP around the model, or the model).
@@ -160,18 +168,30 @@ class TrainingExecutor:
         self.optimizer = torch.optim.AdamW(
             params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay
         )
-        if latest is not None:
+        if source is not None:
             names = [n for n, p in self.model.named_parameters() if p.requires_grad]
             full = (
                 (lambda st: distributed.load_full_optimizer(self.model, self.optimizer, st))
                 if self._sharded
                 else None
             )
-            checkpoints.load_optimizer(self.optimizer, latest, device, names, load_full=full)
-            self.state = checkpoints.read_state(latest)
+            checkpoints.load_optimizer(self.optimizer, source, device, names, load_full=full)
+        if state is not None:
+            self.state = state
             check_same_base(self.state, self.base_model_id, self.tokenizer_hash, latest)
             log.info("executor: resumed %s at step %d", self.state.policy_version, self.state.step)
         self.reference = ReferencePolicy(self.config, self.ckpt_root, base_dir, device)
+
+    def restore(self, version: str) -> None:
+        """Go back to `version`'s weights ("base": the base model, a fresh adapter and optimizer) after
+        the evaluation gate refused the version trained last: its checkpoint becomes the one `latest`
+        names (`checkpoints.roll_back`); the version counter and the batches trained go on. Every rank
+        of a group calls it (the model is rebuilt as when resuming)."""
+        if self.ranks.is_main:
+            checkpoints.roll_back(self.ckpt_root, self.state, version)
+        distributed.barrier(self.ranks)
+        self.model = self.trained = self.optimizer = self.reference = None  # freed before reloading
+        self._load()
 
     def _with_adapter(self, model, checkpoint: Path | None):
         from peft import LoraConfig, PeftModel, get_peft_model

@@ -27,7 +27,8 @@ from clients.kafka.ranges import ReadIncomplete
 from consumers.batching.batch_writer import load_manifest, read_rows
 from consumers.batching.kinds import KINDS
 from consumers.errors import TrainerError
-from consumers.training.batch_rows import BatchRowsAssembler
+from consumers.training import checkpoints
+from consumers.training.batch_rows import BatchRowsAssembler, LogReader
 from consumers.training.config import TrainRunConfig
 from consumers.training.distributed import Ranks, broadcast_object, join_group, leave_group
 from consumers.training.executor import TrainingExecutor
@@ -78,6 +79,7 @@ def train_file(run: TrainRunConfig, gate: Gate | None = None) -> PolicyUpdated |
         event = executor.train_batch(rows, method, batch_id)
         if event is not None and gate is not None and ranks.is_main:
             event = gate.check(event, executor.state)  # decided and saved before it is published
+            checkpoints.roll_back_refused(executor.ckpt_root)  # refused: `latest` on the serving one
         if event is not None and run.publish and ranks.is_main:
             _publish_trained(run, event)
     finally:
@@ -127,20 +129,24 @@ def follow(run: TrainRunConfig, gate: Gate | None = None) -> int:
     stop = {"now": False}
     # the caller's SIGTERM handler comes back when following ends (a test runner's, for one)
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    ranks = Ranks()
+    ranks, lead = Ranks(), None
     try:
         ranks = join_group(run.train.device)
         if not ranks.is_main:
             return follow_lead(TrainingExecutor(run.train, run.data_dir, ranks), ranks)
         ensure_topics(run.bootstrap_servers)
         executor = TrainingExecutor(run.train, run.data_dir, ranks)
-        lead = LeadExecutor(executor, ranks) if ranks.distributed else executor
+        # the keepalive: the other ranks' wait for the next batch stays under the collective timeout
+        lead = LeadExecutor(executor, ranks).start_keepalive() if ranks.distributed else executor
         producer = make_producer(run.bootstrap_servers, CLIENT_ID)
-        settle = (lambda event: gate.check(event, executor.state)) if gate is not None else None
+        settle = (lambda event: gate.settle(event, lead)) if gate is not None else None
         publish_unpublished(run.bootstrap_servers, producer, executor.state.last_event, settle)
         consumer = make_consumer(run.bootstrap_servers, CLIENT_ID, run.group_id)
         try:
-            trainer = BatchTrainer(lead, producer, run.follow_kinds(), gate)
+            assembler = BatchRowsAssembler(
+                max_bytes=run.max_assembly_mb << 20, reread=LogReader(run.bootstrap_servers)
+            )
+            trainer = BatchTrainer(lead, producer, run.follow_kinds(), gate, assembler)
             loop = ConsumeLoop(consumer, producer, trainer, _loop_config(run))
             loop.committed.update(assign_from_committed(consumer, [topics.TRAINING_BATCHES]))
             loop.run(lambda: stop["now"])
@@ -152,6 +158,8 @@ def follow(run: TrainRunConfig, gate: Gate | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         if ranks.distributed:
+            if isinstance(lead, LeadExecutor):
+                lead.close()
             leave_group()
     return 0
 
@@ -164,8 +172,9 @@ def _loop_config(run: TrainRunConfig) -> LoopConfig:
 def publish_unpublished(bootstrap_servers: str, producer, last_event: dict | None, settle=None) -> bool:
     """Publish the latest checkpoint's `policy.updated` unless `policy.updates` already has it (by
     event id, or by policy version: a version is announced once). True when it published.
-    `settle(event) -> event`: the evaluation gate (`gate.Gate.check`), so a version checkpointed
-    but not yet gated when the process died is gated before it is first published."""
+    `settle(event) -> event`: the evaluation gate (`gate.Gate.settle`), so a version checkpointed
+    but not yet gated when the process died is gated (and, refused, rolled back) before it is first
+    published."""
     if not last_event:
         return False
     event = PolicyUpdated.model_validate(last_event)
@@ -195,17 +204,24 @@ class BatchTrainer:
     its rows come from the `batch.rows` chunks before it (`batch_rows.BatchRowsAssembler`: assembled
     and checked against `rows_sha256`; no file is read), or, for `chunks == 0`, from the file at
     `path`. While a batch is being assembled, the commit of its partition is held at its first
-    chunk, so a kill -9 mid-assembly reads every chunk again. A record that can never train
+    chunk, so a kill -9 mid-assembly reads every chunk again; past the assembler's memory bound a
+    batch is set aside, and its chunks are read again from the log when its `batch.built` comes
+    (not readable now: `ChunksUnavailable`, retryable). A record that can never train
     (undecodable, chunks missing or tampered with, its batch file missing or unreadable, rows the
     executor refuses) raises and is dead-lettered by the loop with its coordinates, so its offset is
     committed and the follower goes on; the broker, the disk and the device failing raise past the
     loop (the process exits; the record is read again)."""
 
     def __init__(
-        self, executor: TrainingExecutor, producer, kinds: tuple[str, ...], gate: Gate | None = None
+        self,
+        executor: TrainingExecutor,
+        producer,
+        kinds: tuple[str, ...],
+        gate: Gate | None = None,
+        assembler: BatchRowsAssembler | None = None,
     ):
         self.executor, self.producer, self.kinds, self.gate = executor, producer, kinds, gate
-        self.assembler = BatchRowsAssembler()
+        self.assembler = assembler if assembler is not None else BatchRowsAssembler()
 
     def handle(self, record: Record, now: float) -> None:
         _train_event(self.executor, self.producer, record, self.kinds, self.gate, self.assembler)
@@ -248,8 +264,8 @@ def _train_event(
     if update is None:  # every group too stale: no version was made, nothing to announce
         log.info("executor: %s made no version (every group dropped as stale)", event.batch_id)
         return
-    if gate is not None:  # the evaluation gate: decided and saved in the checkpoint before publishing
-        update = gate.check(update, executor.state)
+    if gate is not None:  # the evaluation gate: decided and saved (refused: rolled back) before publishing
+        update = gate.settle(update, executor)
     publish_update(producer, update)
 
 
@@ -257,5 +273,4 @@ def _batch_rows(event: BatchBuilt, record: Record, assembler: BatchRowsAssembler
     """The rows of `event`: its assembled, verified chunks; before 1.5 (`chunks == 0`) its file."""
     if event.chunks:
         return assembler.take(event, record)
-    assembler.overtaken(event, record)
     return read_rows(event.path) if event.row_count else []

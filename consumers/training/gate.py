@@ -17,11 +17,16 @@ candidate is refused when p < alpha. No discordant pair: p = 1, accepted.
 
 A refused version is still published (it stays in the lineage with its figures), and
 `clients.current_policy` never makes it current, so the policy server, the rollout's horizon and
-backpressure keep the version serving now. Training continues from the refused weights (the
-executor's weights are not rolled back): the next version is trained from them and gated against
-the same serving version. Consequence: GRPO data keeps coming from the serving version, so after
-more than `--max-staleness` refusals in a row its groups are dropped as stale; `Gate.check` warns
-then. Pure apart from that state file: no torch.
+backpressure keep the version serving now. The executor goes back to the serving version's weights
+(`Gate.settle` -> `executor.restore`: its checkpoint, adapter or full model plus optimizer state;
+the base model with a fresh adapter and optimizer when the base serves), so the next version is
+trained from the weights serving now (not from ones shown worse), its `previous_version` is the
+serving version, and GRPO staleness is measured from it (training on from the refused weights
+would drift from them, and after more than `--max-staleness` refusals in a row every group sampled
+from the serving version would be dropped as stale: training would stall). Version numbers go on
+(a refused number is never reused). The roll-back holds across restarts: `checkpoints.roll_back`
+points `latest` at the serving checkpoint, and an executor that starts with `latest` on a refused
+version rolls back first. Pure apart from the state file: no torch.
 """
 
 from __future__ import annotations
@@ -149,11 +154,31 @@ class Gate:
         evaluate: GateEvaluator,
         serving: Callable[[], PolicyUpdated | None],
         alpha: float = 0.05,
-        max_staleness: int | None = None,
     ):
         if not 0 < alpha < 1:
             raise TrainerError(f"--gate-alpha: must be in (0, 1), got {alpha!r}")
-        self.evaluate, self.serving, self.alpha, self.max_staleness = evaluate, serving, alpha, max_staleness
+        self.evaluate, self.serving, self.alpha = evaluate, serving, alpha
+
+    def settle(self, event: PolicyUpdated, executor: Any) -> PolicyUpdated:
+        """`check` `event`, the version `executor` just checkpointed; when it is refused, the executor
+        goes back to the serving version's weights (`executor.restore`) before it is published."""
+        gated = self.check(event, executor.state)
+        if gated.gate != "refused":
+            return gated
+        from consumers.training.checkpoints import restore_target
+
+        try:
+            target = restore_target(executor.state)  # None: decided before a restart, rolled back since
+            if target is not None:
+                executor.restore(target)
+        except Exception as exc:
+            raise GateUnavailable(
+                f"gate: {gated.policy_version} refused, but the executor could not go back to the "
+                f"weights of the version serving now ({exc!r}); it stops, and tries again when it starts"
+            ) from exc
+        if target is not None:
+            log.warning("gate: %s refused; training goes on from %s's weights", gated.policy_version, target)
+        return gated
 
     def check(self, event: PolicyUpdated, state: Any) -> PolicyUpdated:
         """Gate `event` (the version `state` just checkpointed) unless it already carries a decision."""
@@ -177,10 +202,10 @@ class Gate:
             {**event.model_dump(), "gate": decision.verdict, "gate_figures": figures}
         )
         save_decision(state, gated)
-        self._log(gated, outcomes.serving_version, serving)
+        self._log(gated, outcomes.serving_version)
         return gated
 
-    def _log(self, gated: PolicyUpdated, serving_version: str, serving: PolicyUpdated | None) -> None:
+    def _log(self, gated: PolicyUpdated, serving_version: str) -> None:
         f = gated.gate_figures
         log.log(
             logging.WARNING if gated.gate == "refused" else logging.INFO,
@@ -189,15 +214,6 @@ class Gate:
             gated.policy_version, gated.gate, serving_version, f["candidate_rate"], f["serving_rate"],
             int(f["episodes"]), int(f["worse"]), int(f["better"]), f["p_worse"], self.alpha,
         )  # fmt: skip
-        if gated.gate != "refused" or self.max_staleness is None:
-            return
-        behind = _versions_between(gated.policy_version, serving)
-        if behind is not None and behind > self.max_staleness:
-            log.warning(
-                "gate: %s is %d versions past the serving %s: GRPO groups sampled from it are over "
-                "--max-staleness %d and will be dropped until a version is accepted",
-                gated.policy_version, behind, serving_version, self.max_staleness,
-            )  # fmt: skip
 
 
 def save_decision(state: Any, gated: PolicyUpdated) -> None:
@@ -222,9 +238,3 @@ def _number(version: str) -> float:
         return 0.0
     number = version_number(version)
     return float(number) if number is not None else -1.0
-
-
-def _versions_between(candidate: str, serving: PolicyUpdated | None) -> int | None:
-    new = version_number(candidate)
-    old = version_number(serving.policy_version) if serving is not None else 0
-    return None if new is None or old is None else new - old

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import replace
+from dataclasses import fields, replace
+from pathlib import Path
 
 from consumers.batching.config import BatchBuilderConfig
 from consumers.errors import ConsumerConfigError
@@ -66,10 +67,26 @@ def run_renamed_trainer(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from infra.training_group import USAGE_EXIT, launched_rank
+
+    if not launched_rank(os.environ):
+        return _run_train(args)
+    try:  # a rank: a usage error is the same on every restart, so it says so (exit 2: no restart)
+        return _run_train(args)
+    except ConsumerConfigError as exc:
+        output.error(str(exc))
+        return USAGE_EXIT
+
+
+def _run_train(args: argparse.Namespace) -> int:
     from consumers.training.follow import follow, train_file
-    from infra.training_gate import build_gate
+    from infra.training_gate import build_gate, check_gate_options
+    from infra.training_group import check_restarts
 
     run = _config(TrainRunConfig, args)
+    default = next(f.default for f in fields(TrainRunConfig) if f.name == "max_restarts")
+    check_restarts(run.nproc, run.max_restarts, default, os.environ)
+    check_gate_options(run)  # --gate's samples and task file, before a group is launched
     if run.nproc > 1:
         return launch_group(run, args.log_level or "INFO")
     gate = build_gate(run)  # --gate: the in-process held-out evaluator, injected (infra.training_gate)
@@ -93,11 +110,18 @@ def run_train(args: argparse.Namespace) -> int:
 def launch_group(run: TrainRunConfig, log_level: str) -> int:
     """`--nproc N`: this process launches and supervises N ranks of the same run (infra.training_group)."""
     from consumers.training.follow import resolve_batch
-    from infra.training_group import TrainingGroup, check_launch
+    from infra.training_gate import base_model_dir, gate_expressions
+    from infra.training_group import TrainingGroup, check_launch, check_nproc, nproc_limit
 
     check_launch(run.nproc, os.environ)
+    check_nproc(run.nproc, *nproc_limit(run.train.device))
+    # what every rank would refuse fails here once, not once per rank and restart
     if run.batch is not None:
-        resolve_batch(run.batch, run.method)  # a wrong path fails here once, not once per restart
+        resolve_batch(run.batch, run.method)
+    if run.gate:
+        gate_expressions(Path(run.gate_tasks or ""))
+    if run.train.base_model != "tiny":
+        base_model_dir(run)
     group = TrainingGroup(rank_argv(run, log_level), run.nproc, run.max_restarts)
     return group.run()
 

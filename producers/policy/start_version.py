@@ -68,7 +68,9 @@ def start_candidates(root: str | Path) -> tuple[list[Candidate], list[str]]:
             skipped.append(f"{entry.name} ({entry}): no {STATE}, an incomplete checkpoint")
         else:
             found.append((number, entry.name))
-    names = ([latest] if latest is not None else []) + [name for _, name in sorted(found, reverse=True)]
+    # `latest` naming `base`: the executor went back to the base model (a version refused by its gate)
+    head = [latest] if latest not in (None, BASE_VERSION) else []
+    names = head + [name for _, name in sorted(found, reverse=True)]
     candidates = []
     for name in names:
         try:

@@ -6,7 +6,9 @@
   once, and dead-letters with their coordinates a batch whose chunk was tampered with and one whose
   chunk is missing;
 - kill -9 of the executor while a batch is being assembled (its chunks read, its batch.built not yet
-  there) loses nothing: its commit was held at the first chunk, and the restarted executor trains it.
+  there) loses nothing: its commit was held at the first chunk, and the restarted executor trains it;
+- a flood of fake batch ids between a batch's chunks and its batch.built sets the batch aside (past
+  the executor's bound of open batches): its chunks are read again from the log and it trains once.
 """
 
 from __future__ import annotations
@@ -158,4 +160,29 @@ def test_kill9_mid_assembly_loses_nothing(broker, tmp_path):
     assert (sorted(trained[:-1]), trained[-1]) == ([m.batch_id for m in built_first], later), (
         "nothing lost, nothing trained twice"
     )
+    assert not [e for _, e in _read_all(broker.bootstrap, topics.DLQ) if e.stage == "executor"]
+
+
+def test_a_batch_set_aside_by_a_flood_of_fake_batch_ids_is_read_again_from_the_log(broker, tmp_path):
+    from clients.kafka import ensure_topics
+
+    ensure_topics(broker.bootstrap)
+    _send(broker.bootstrap, synthetic(8, group_size=4))
+    built_first = _build(broker, tmp_path / "trainer", "trainer")
+    *chunks, built = built_first[0].events()
+    shutil.rmtree(tmp_path / "trainer" / "batches")
+    flooded = "sft-flooded"
+    fakes = [  # more never-completed batches than the executor keeps open (16): its chunks are set aside
+        chunk_events(f"sft-fake-{n}", "sft", [{"messages": []}], built.occurred_at, "tests")[0]
+        for n in range(24)
+    ]
+    late = built.model_copy(update={"event_id": "flooded", "batch_id": flooded, "trajectory_id": flooded})
+    renamed = [c.model_copy(update={"batch_id": flooded, "trajectory_id": flooded}) for c in chunks]
+    _send(broker.bootstrap, [*renamed, *fakes, late])
+    executor = _executor(broker, tmp_path / "executor", "executor.log")
+    assert executor.popen.wait(timeout=300) == 0, executor.log_text()[-3000:]
+    executor.stop()
+    assert f"reading the chunks of {flooded} again" in executor.log_text(), executor.log_text()[-3000:]
+    trained = [b for u in _updates(broker.bootstrap) for b in u.batch_ids]
+    assert sorted(trained) == sorted([m.batch_id for m in built_first] + [flooded]), "each batch once"
     assert not [e for _, e in _read_all(broker.bootstrap, topics.DLQ) if e.stage == "executor"]

@@ -8,6 +8,8 @@ its batch.built read from training.batches), then its checkpoint is deliberately
 evaluation: the gate refuses it, `policy.updates` holds both versions with their decisions, the
 current policy and a policy server started afterwards stay on v1, and `agentstream lineage v2`
 shows the refused version with its figures. Without the gate nothing would stop v2 being served.
+The follower went back to v1's weights: v3 (trained by a restarted follower) names v1 as its
+previous version, its weights are v1's plus one small update (not v2's noise), and it is accepted.
 (A full fine-tune, not LoRA: on this tiny model LoRA does not learn the task in a test's budget.)
 """
 
@@ -153,20 +155,113 @@ def test_the_gate_refuses_a_broken_version_and_v1_stays_served(tmp_path):
         assert "v2 <- parent v1" in table and "gate: REFUSED (never served) against v1" in table, table
         assert f"worse={int(f2['worse'])}" in table
         assert row["gate"] == "refused" and row["gate_figures"]["p_worse"] == pytest.approx(f2["p_worse"])
+
+        # the follower went back to v1's weights at once: `latest` names v1, v2's checkpoint is kept
+        checkpoints = run.data_dir / "checkpoints"
+        assert (checkpoints / "latest").read_text() == "v1" and saved["policy_version"] == "v2"
+        # v3 (a restarted follower) is numbered on, trained from v1 (not from v2's broken weights)
+        gate.evaluate = evaluate
+        _publish_batch(broker.bootstrap, "b3", _batch(tmp_path / "b3.jsonl"))
+        assert follow(follower, gate) == 0
+        v3 = _policy_updates(broker.bootstrap)[-1]
+        assert (v3.policy_version, v3.previous_version, v3.gate) == ("v3", "v1", "accepted"), v3.gate_figures
+        assert v3.gate_figures["serving_version"] == 1.0
+        to_v1, to_v2 = (_distance(checkpoints / "v3", checkpoints / v) for v in ("v1", "v2"))
+        assert to_v1 < 0.01 * to_v2, (to_v1, to_v2)
+        assert read_current_policy(broker.bootstrap).policy_version == "v3"
     finally:
         broker.stop()
+
+
+def _distance(a: Path, b: Path) -> float:
+    """Sum over the full model's tensors of the mean absolute difference between two checkpoints."""
+    from safetensors.torch import load_file
+
+    def weights(checkpoint: Path) -> dict:
+        return {k: v for f in sorted(checkpoint.glob("model/*.safetensors")) for k, v in load_file(f).items()}
+
+    left, right = weights(a), weights(b)
+    assert left and set(left) == set(right)
+    return sum(float((left[k].float() - right[k].float()).abs().mean()) for k in left)
 
 
 def test_train_refuses_gate_options_it_cannot_use(tmp_path):
     bad = tmp_path / "tasks.jsonl"
     bad.write_text(json.dumps({"task_id": "t1", "env": "echo", "task": {}}) + "\n")
     for extra, expected in (
-        ([], "--gate: give the held-out tasks with --gate-tasks FILE"),
-        (["--gate-tasks", str(bad)], "--gate-tasks: " + str(bad) + ": task 't1': field 'env'"),
+        ([], ["--gate: give the held-out tasks with --gate-tasks FILE"]),
+        (["--gate-tasks", str(bad)], ["--gate-tasks: " + str(bad), "task 't1': field 'env'"]),
     ):
         done = subprocess.run(
             [*AGENTSTREAM, "train", "--follow", "--gate", "--data-dir", str(tmp_path / "d"), *extra],
             cwd=REPO, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
-        assert done.returncode != 0 and expected in done.stderr, done.stderr[-2000:]
+        assert done.returncode != 0 and all(part in done.stderr for part in expected), done.stderr[-2000:]
         assert "Traceback" not in done.stderr
+
+
+def _group_rank(rank: int, world_size: int, port: int, data_dir: str, out_dir: str) -> None:
+    """One rank of the group test: rank 0 follows (trains b1, b2; the gate refuses v2; trains b3)
+    through `LeadExecutor`, rank 1 follows rank 0's items; each writes its weights at the end."""
+    import os
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )  # fmt: skip
+    import torch
+
+    from consumers.training import distributed
+    from consumers.training.executor import TrainingExecutor
+    from consumers.training.gate import Gate, PairedOutcomes
+    from consumers.training.group_work import LeadExecutor, follow_lead
+
+    torch.set_num_threads(1)
+    ranks = distributed.join_group("cpu", timeout_s=300)
+    try:
+        executor = TrainingExecutor(GROUP_CONFIG, data_dir, ranks)
+        if rank == 0:
+            lead, rows = (
+                LeadExecutor(executor, ranks),
+                [{"messages": demonstration(e), "tools": TOOLS} for e in ("2 + 3", "4 * 5")],
+            )
+            v1 = lead.train_batch(rows, "sft", "b1")
+            refuse = Gate(
+                lambda c, s: PairedOutcomes(s.policy_version, (True,) * 6, (False,) * 6), lambda: v1
+            )
+            v2 = refuse.settle(lead.train_batch(rows, "sft", "b2"), lead)
+            v3 = lead.train_batch(rows, "sft", "b3")
+            lead.stop_others()
+            Path(out_dir, "events.json").write_text(
+                json.dumps([e.model_dump(mode="json") for e in (v1, v2, v3)])
+            )
+        else:
+            follow_lead(executor, ranks)
+        weights = {n: p.detach() for n, p in executor.model.named_parameters() if p.requires_grad}
+        torch.save(weights, Path(out_dir, f"rank{rank}.pt"))
+    finally:
+        distributed.leave_group()
+
+
+GROUP_CONFIG = TrainConfig(learning_rate=5e-2, micro_batch_size=1, lr_schedule="constant", device="cpu")
+
+
+def test_every_rank_of_a_group_goes_back_to_the_serving_weights(tmp_path):
+    """`--nproc 2`: the gate refuses v2 on rank 0; both ranks go back to v1 and train v3 from it with
+    the same weights (a rank left on v2 would diverge, and would refuse rank 0's next item)."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from tests.support.training_ranks import free_port
+
+    data_dir = tmp_path / "data"
+    mp.start_processes(
+        _group_rank, args=(2, free_port(), str(data_dir), str(tmp_path)), nprocs=2, join=True,
+        start_method="spawn",
+    )  # fmt: skip
+    v1, v2, v3 = json.loads((tmp_path / "events.json").read_text())
+    assert (v2["gate"], v3["policy_version"], v3["previous_version"]) == ("refused", "v3", "v1")
+    assert v3["step"] == v1["step"] + 1
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert rank0.keys() == rank1.keys() and all(torch.equal(rank0[n], rank1[n]) for n in rank0)
+    assert (data_dir / "checkpoints" / "latest").read_text() == "v3"

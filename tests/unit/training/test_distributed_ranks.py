@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import re
 
 import pytest
 
@@ -19,7 +20,7 @@ def test_docstring_examples_hold():
 
 
 def test_a_single_process_has_no_group(monkeypatch):
-    assert ranks_from_env({}) is None and ranks_from_env(GOOD | {"WORLD_SIZE": "1"}) is None
+    assert ranks_from_env({}) is None and ranks_from_env(GOOD | {"WORLD_SIZE": "1", "RANK": "0"}) is None
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     ranks = distributed.join_group("cpu")
     assert ranks == Ranks() and ranks.is_main and not ranks.distributed
@@ -65,3 +66,36 @@ def test_every_micro_batch_is_trained_once_and_ranks_run_the_same_passes(world, 
         assert len(mine) == counts.pop() <= accumulation * world
         seen += mine
     assert sorted(seen) == list(range(micro))
+
+
+@pytest.mark.parametrize("raw", [" 2", "2 ", "+2", "1_0", "\u0662", "2.0", ""])
+def test_only_ascii_digits_make_a_number(raw):
+    with pytest.raises(
+        TrainerError,
+        match="^WORLD_SIZE: expected a whole number in ASCII digits, got " + re.escape(repr(raw)),
+    ):
+        ranks_from_env(GOOD | {"WORLD_SIZE": raw})
+
+
+@pytest.mark.parametrize("name", ["RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"])
+def test_a_group_variable_without_world_size_is_refused(name):
+    with pytest.raises(TrainerError, match=rf"^{name}: set \({name}={GOOD[name]!r}\) but WORLD_SIZE is not"):
+        ranks_from_env({name: GOOD[name]})
+    env = {k: v for k, v in GOOD.items() if k != "WORLD_SIZE"}
+    with pytest.raises(TrainerError, match=r"^RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT: set"):
+        ranks_from_env(env)
+
+
+def test_world_size_1_is_rank_0():
+    assert ranks_from_env({"WORLD_SIZE": "1", "RANK": "0"}) is None
+    with pytest.raises(TrainerError, match=r"^RANK: must be 0 when WORLD_SIZE is 1, got '1'"):
+        ranks_from_env({"WORLD_SIZE": "1", "RANK": "1"})
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "x", "inf", "nan"])
+def test_a_bad_group_timeout_is_refused_naming_it(raw):
+    assert distributed.group_timeout_s({distributed.TIMEOUT_ENV: "2.5"}) == 2.5
+    with pytest.raises(
+        TrainerError, match="^AGENTSTREAM_GROUP_TIMEOUT_S: expected seconds > 0, got " + re.escape(repr(raw))
+    ):
+        distributed.group_timeout_s({distributed.TIMEOUT_ENV: raw})

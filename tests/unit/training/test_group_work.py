@@ -4,6 +4,8 @@ and which failures the follow loop dead-letters (a refusal) or raises (a broken 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from clients.kafka.consume import refusal
@@ -12,6 +14,7 @@ from consumers.training import group_work
 from consumers.training.distributed import Ranks
 from consumers.training.group_work import GroupBroken, LeadExecutor, follow_lead
 from consumers.training.versions import TrainState
+from tests.support.processes import wait_for
 
 RANK1 = Ranks(rank=1, world_size=2, local_rank=1)
 
@@ -97,3 +100,54 @@ def test_a_broken_group_is_not_dead_lettered_but_a_refusal_is(monkeypatch):
         refused.train_batch([{"i": 0}], "sft", "b1")
     assert not isinstance(caught.value, GroupBroken)
     assert refusal(caught.value, "cannot train") is not None  # dead-lettered with its coordinates
+
+
+def test_idle_items_are_skipped_by_the_other_ranks(monkeypatch):
+    idle = {"kind": "idle"}
+    _script(monkeypatch, [idle, _item("b1"), idle, idle, {"kind": "stop"}])
+    executor = FakeExecutor()
+    assert follow_lead(executor, RANK1) == 0
+    assert [t[0] for t in executor.trained] == ["b1"]
+
+
+class SlowExecutor(FakeExecutor):
+    def __init__(self, sent: list, seconds: float):
+        super().__init__()
+        self.sent, self.seconds, self.seen = sent, seconds, []
+
+    def train_batch(self, rows, method, batch_id, *, source_ranges=None):
+        before = len(self.sent)
+        time.sleep(self.seconds)  # longer than the keepalive interval
+        self.seen.append((before, len(self.sent)))
+        return super().train_batch(rows, method, batch_id, source_ranges=source_ranges)
+
+
+def test_the_keepalive_sends_idle_items_only_while_rank_0_has_no_work(monkeypatch):
+    sent = _script(monkeypatch, [])
+    executor = SlowExecutor(sent, seconds=0.5)
+    lead = LeadExecutor(executor, Ranks(rank=0, world_size=2)).start_keepalive(interval_s=0.05)
+    try:
+        wait_for(lambda: lead.idle_sent >= 2, timeout_s=10, what="two idle items")
+        lead.train_batch([{"i": 0}], "sft", "b1")
+        assert executor.seen == [(executor.seen[0][0],) * 2]  # nothing went out while it trained
+        assert sent[executor.seen[0][0] - 1]["kind"] == "train"
+        wait_for(lambda: sent[-1]["kind"] == "idle", timeout_s=10, what="idle items again")
+        lead.stop_others()
+        stopped_at = len(sent)
+        time.sleep(0.3)
+        assert len(sent) == stopped_at and sent[-1] == {"kind": "stop"}  # nothing after the stop
+    finally:
+        lead.close()
+    assert not lead._keepalive.is_alive()
+
+
+def test_a_failed_idle_item_breaks_the_next_batch_not_the_loop(monkeypatch):
+    def broadcast(ranks, obj):
+        raise RuntimeError("gloo: Connection closed by peer")
+
+    monkeypatch.setattr(group_work, "broadcast_object", broadcast)
+    lead = LeadExecutor(FakeExecutor(), Ranks(rank=0, world_size=2)).start_keepalive(interval_s=0.02)
+    wait_for(lambda: not lead._keepalive.is_alive(), timeout_s=10, what="the keepalive to stop")
+    with pytest.raises(GroupBroken, match="Connection closed by peer"):
+        lead.train_batch([{"i": 0}], "sft", "b1")
+    lead.close()

@@ -98,3 +98,53 @@ def test_gate_tasks_are_calc_expressions(tmp_path):
         assert expected in str(caught.value)
     with pytest.raises(ConsumerConfigError, match="has no task"):
         gate_expressions(_tasks(tmp_path))
+
+
+def test_a_task_file_the_gate_would_miscount_is_refused_naming_file_line_and_field(tmp_path):
+    a = {"task_id": "a", "env": "calc", "task": {"expression": "2 + 3"}}
+    for rows, expected in (
+        # outcomes are keyed by expression: a repeat under another task id would be played, not counted
+        ((a, {**a, "task_id": "b"}), ":2: task 'b': field 'task.expression': '2 + 3' repeats line 1"),
+        ((a, {**a, "task": {"expression": "2 + 4"}}), ":2: task_id 'a' repeats line 1"),
+        (({**a, "answer": 5},), ":1: unknown key 'answer'"),
+        (
+            ({**a, "task": {"expression": "2 + 3", "difficulty": 2}},),
+            ":1: task 'a': unknown key 'task.difficulty'",
+        ),
+    ):
+        path = _tasks(tmp_path, *rows)
+        with pytest.raises(ConsumerConfigError) as caught:
+            gate_expressions(path)
+        assert str(caught.value).startswith(f"--gate-tasks: {path}") and expected in str(caught.value)
+    ok = _tasks(tmp_path, a, {**a, "task_id": "b", "task": {"expression": "2 + 4"}, "domain": "math"})
+    assert gate_expressions(ok) == ("2 + 3", "2 + 4")
+
+
+def test_gate_samples_that_would_share_seeds_are_refused_before_training(tmp_path):
+    from consumers.training.config import TrainRunConfig
+    from infra.training_gate import check_gate_options
+
+    path = _tasks(tmp_path, {"task_id": "a", "env": "calc", "task": {"expression": "2 + 3"}})
+    assert check_gate_options(TrainRunConfig(follow=True, gate=True, gate_tasks=path, gate_samples=999)) == (
+        "2 + 3",
+    )
+    with pytest.raises(ConsumerConfigError, match=r"--gate-samples: must be between 1 and 999 .*, got 1000$"):
+        check_gate_options(TrainRunConfig(follow=True, gate=True, gate_tasks=path, gate_samples=1000))
+    assert (
+        check_gate_options(TrainRunConfig(follow=True, gate=False, gate_samples=1000)) == ()
+    )  # not used: not checked
+
+
+def test_train_refuses_a_miscounting_gate_in_one_line_before_training(tmp_path, capsys):
+    from infra.cli.main import main
+    from infra.learn.tasks import write_tasks
+
+    twice = write_tasks(("2 + 3", "2 + 3"), tmp_path / "twice.jsonl", "gate")
+    good = write_tasks(("2 + 3",), tmp_path / "good.jsonl", "gate")
+    argv = ["train", "--follow", "--gate", "--data-dir", str(tmp_path / "d")]
+    for extra, expected in (
+        (["--gate-tasks", str(twice)], f"--gate-tasks: {twice}:2: task 'gate-0001': field 'task.expression'"),
+        (["--gate-tasks", str(good), "--gate-samples", "1000"], "--gate-samples: must be between 1 and 999"),
+    ):
+        assert main([*argv, *extra]) == 1
+        assert expected in capsys.readouterr().err

@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 
 from consumers.training.config import TrainConfig, TrainRunConfig
-from infra.training_group import GROUP_ENV, GroupError, RankExit, TrainingGroup, check_launch
+from infra.training_group import (
+    GROUP_ENV,
+    GroupError,
+    RankExit,
+    TrainingGroup,
+    check_launch,
+    check_nproc,
+    check_restarts,
+    nproc_limit,
+)
 from tests.support.processes import hard_kill, pid_gone, wait_for
 
 # argv: OUT_DIR then one plan per rank, "action,action,..." per attempt (the last one repeats)
@@ -32,6 +41,8 @@ if action == "ok":
 if action == "fail3":
     time.sleep(0.2)
     sys.exit(3)
+if action == "usage":
+    sys.exit(2)
 if action == "kill9":
     time.sleep(0.2)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -44,11 +55,14 @@ while True:
 """.replace("GROUP_ENV_KEYS", repr(GROUP_ENV))
 
 
-def _group(tmp_path: Path, *plans: str, max_restarts: int = 3, grace_s: float = 5.0) -> TrainingGroup:
+def _group(
+    tmp_path: Path, *plans: str, max_restarts: int = 3, grace_s: float = 5.0, healthy_s: float = 600.0
+) -> TrainingGroup:
     argv = [sys.executable, "-c", FAKE_RANK, str(tmp_path), *plans]
     return TrainingGroup(
-        argv, len(plans), max_restarts, grace_s=grace_s, restart_delay_s=0.05, interval_s=0.05
-    )
+        argv, len(plans), max_restarts, grace_s=grace_s, restart_delay_s=0.05, interval_s=0.05,
+        healthy_s=healthy_s,
+    )  # fmt: skip
 
 
 def _records(tmp_path: Path, rank: int) -> list[list[str]]:
@@ -153,3 +167,75 @@ def test_the_ranks_die_with_a_killed_launcher(tmp_path):
         launcher.kill()
         launcher.wait(timeout=10)
         hard_kill(pids)  # only if the test failed: they should be gone
+
+
+@pytest.mark.parametrize(("healthy_s", "outcome"), [(0.1, 0), (600.0, 1)])
+def test_an_attempt_that_ran_healthily_resets_the_restart_count(tmp_path, caplog, healthy_s, outcome):
+    caplog.set_level(logging.INFO, logger="infra.training_group")
+    # rank 1 fails 0.2 s into each of 3 attempts, then finishes: 3 failures, --max-restarts 1
+    group = _group(tmp_path, "hang,hang,hang,ok", "fail3,fail3,fail3,ok", max_restarts=1, healthy_s=healthy_s)
+    assert group.run() == outcome
+    if outcome == 0:  # each attempt ran >= healthy_s: every failure is the first in a row
+        assert len(group.exits) == 3 and "the restart count starts again" in caplog.text
+    else:
+        assert len(group.exits) == 2 and "giving up" in caplog.text
+
+
+def test_a_usage_error_in_a_rank_stops_the_group_without_restarting(tmp_path, caplog):
+    group = _group(tmp_path, "hang", "usage", max_restarts=3)
+    assert group.run() == 2
+    assert group.exits == [RankExit(0, 1, 2)] and len(group.ports) == 1
+    assert "a usage error" in caplog.text and "not restarting" in caplog.text
+    assert pid_gone(int(_records(tmp_path, 0)[0][5]))
+
+
+def test_nproc_is_bounded_by_the_cpus_or_gpus():
+    check_nproc(2, 2, "CPUs")
+    with pytest.raises(GroupError, match=r"^--nproc: 3 ranks asked, but there are 2 CPUs here"):
+        check_nproc(3, 2, "CPUs")
+    with pytest.raises(
+        GroupError, match=r"^--nproc: 2 ranks asked, but there are 0 CUDA devices.*--device cpu"
+    ):
+        check_nproc(2, 0, "CUDA devices")
+    limit, what = nproc_limit("cpu")
+    assert what == "CPUs" and limit >= 1
+
+
+def test_max_restarts_with_one_process_is_refused_outside_a_launcher():
+    check_restarts(1, 3, 3, {})  # the default: nothing asked
+    check_restarts(2, 5, 3, {})  # a group: restarted
+    check_restarts(1, 5, 3, {"WORLD_SIZE": "2", "RANK": "1"})  # a rank of a launched group
+    with pytest.raises(GroupError, match=r"^--max-restarts: 5 given with --nproc 1"):
+        check_restarts(1, 5, 3, {})
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--nproc", "64"], "--nproc: 64 ranks asked"),
+        (["--nproc", "2", "--gate", "--gate-tasks", "/nonexistent/tasks.jsonl"], "--gate-tasks"),
+        (["--nproc", "2", "--base-model", "/nonexistent/model"], "--base-model: '/nonexistent/model'"),
+        (["--max-restarts", "5"], "--max-restarts: 5 given with --nproc 1"),
+    ],
+)
+def test_the_launcher_checks_options_before_spawning_any_rank(tmp_path, monkeypatch, capsys, extra, message):
+    from infra.cli.main import main
+    from infra.commands import batch_train
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(batch_train, "rank_argv", lambda *a: pytest.fail("a rank was about to start"))
+    argv = ["train", "--follow", "--device", "cpu", "--data-dir", str(tmp_path), *extra]
+    assert main(argv) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_a_rank_exits_2_on_a_usage_error_so_the_launcher_does_not_restart_it(tmp_path, monkeypatch, capsys):
+    from infra.cli.main import main
+
+    argv = ["train", "--follow", "--gate", "--data-dir", str(tmp_path)]  # --gate without --gate-tasks
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(argv) == 1  # one process: an error, as before
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(argv) == 2  # a rank: a usage error
+    assert "--gate-tasks" in capsys.readouterr().err
