@@ -94,7 +94,12 @@ class TrainConfig:
     step_weighted_loss: bool = field(default=False, metadata={"help": "SFT: weight steps by process reward"})
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
-    seed: int = 0
+    seed: int = field(
+        default=0,
+        metadata={
+            "help": "seed of the adapter's initialisation (AGENTSTREAM_SEED, shared with `rollout --seed`)"
+        },
+    )
     device: str | None = field(default=None, metadata={"help": "cuda / cpu (default: cuda when available)"})
 
     def __post_init__(self):

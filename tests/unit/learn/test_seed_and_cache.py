@@ -54,6 +54,21 @@ def test_the_seed_reaches_the_warm_start_the_executor_and_the_rollouts(tmp_path)
     assert list(control)[list(control).index("--learning-rate") + 1] == str(CONTROL_LEARNING_RATE)
 
 
+def test_the_executor_reads_the_stacks_seed(monkeypatch, tmp_path):
+    """AGENTSTREAM_SEED (what the learn stack sets) reaches `agentstream train`'s TrainConfig.seed: the
+    option exists, so its environment variable is read (it was not an option before, and was ignored)."""
+    from consumers.training.config import TrainRunConfig
+    from infra.cli.main import build_parser
+    from infra.options.configs import config_from_args
+    from infra.options.env import apply_env_defaults
+
+    monkeypatch.setenv("AGENTSTREAM_SEED", "5")
+    parser = build_parser()  # as `main` reads a command line: parse, then the environment's defaults
+    args = parser.parse_args(["train", "--batch", str(tmp_path / "b.jsonl")])
+    apply_env_defaults(parser, args)
+    assert config_from_args(TrainRunConfig, args).train.seed == 5
+
+
 def test_two_seeds_give_different_warm_starts_and_one_seed_the_same(tmp_path):
     built = {
         name: build_warm_model(tmp_path / name, TRAIN, WarmStartConfig(**TINY, seed=seed), lambda _: None)
