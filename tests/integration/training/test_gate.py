@@ -10,7 +10,8 @@ current policy and a policy server started afterwards stay on v1, and `agentstre
 shows the refused version with its figures. Without the gate nothing would stop v2 being served.
 The follower went back to v1's weights: v3 (trained by a restarted follower) names v1 as its
 previous version, its weights are v1's plus one small update (not v2's noise), and it is accepted.
-(A full fine-tune, not LoRA: on this tiny model LoRA does not learn the task in a test's budget.)
+(A full fine-tune for v1-v3: on this tiny model LoRA does not learn the task in a test's budget. Then the
+LoRA case: on v3's model as the base, a broken adapter is refused against that base.)
 """
 
 from __future__ import annotations
@@ -169,6 +170,43 @@ def test_the_gate_refuses_a_broken_version_and_v1_stays_served(tmp_path):
         to_v1, to_v2 = (_distance(checkpoints / "v3", checkpoints / v) for v in ("v1", "v2"))
         assert to_v1 < 0.01 * to_v2, (to_v1, to_v2)
         assert read_current_policy(broker.bootstrap).policy_version == "v3"
+    finally:
+        broker.stop()
+    _a_broken_adapter_is_refused(tmp_path, checkpoints / "v3" / "model")
+
+
+def _a_broken_adapter_is_refused(tmp_path: Path, base: Path) -> None:
+    """The issue's case in LoRA form: on a base that solves the task (v3's full model above, taken as
+    `--base-model`), a LoRA version whose adapter is broken is refused against the base it would
+    replace, and nothing becomes current."""
+    broker = start_broker(tmp_path / "broker-lora")
+    try:
+        ensure_topics(broker.bootstrap)
+        tasks = write_tasks((EXPRESSION,), tmp_path / "gate-tasks-lora.jsonl", "gate")
+        train = TrainConfig(
+            base_model=str(base), lora=True, learning_rate=1e-4, micro_batch_size=1, lr_schedule="constant",
+            device="cpu",
+        )  # fmt: skip
+        run = TrainRunConfig(
+            bootstrap_servers=broker.bootstrap, data_dir=tmp_path / "data-lora", method="sft",
+            batch=_batch(tmp_path / "l1.jsonl"), gate=True, gate_tasks=tasks, gate_samples=SAMPLES,
+            train=train,
+        )  # fmt: skip
+        gate = build_gate(run)
+        evaluate = gate.evaluate
+
+        def adapter_broken_then_evaluated(candidate, serving):
+            assert list(Path(candidate.checkpoint_path).glob("adapter/*.safetensors"))  # LoRA, not a model
+            break_checkpoint(Path(candidate.checkpoint_path))
+            return evaluate(candidate, serving)
+
+        gate.evaluate = adapter_broken_then_evaluated
+        v1 = train_file(run, gate)
+        assert v1 is not None and v1.gate == "refused", v1 and v1.gate_figures
+        figures = v1.gate_figures
+        assert figures["serving_version"] == 0.0 and figures["serving_successes"] >= 5, figures
+        assert figures["worse"] >= 5 and figures["p_worse"] < 0.05, figures
+        assert read_current_policy(broker.bootstrap) is None  # the base keeps serving
     finally:
         broker.stop()
 
