@@ -9,12 +9,7 @@ from pathlib import Path
 def write_curve(points: list[dict], path: Path, title: str) -> Path:
     """`points`: one dict per version with `version_number`, `minutes`, `success` (0..1) and
     `mean_reward` (0..1 or None)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    fig, axes = _two_panels()
     for ax, key, label in (
         (axes[0], "version_number", "policy version"),
         (axes[1], "minutes", "wall time (min)"),
@@ -27,25 +22,14 @@ def write_curve(points: list[dict], path: Path, title: str) -> Path:
         ax.set_xlabel(label)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("rate / reward")
-    axes[0].legend(loc="lower right")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, axes, "rate / reward", title, path)
 
 
 def write_runs_curve(runs: dict[str, list[dict]], path: Path, title: str) -> Path:
     """`agentstream bench learn`'s curve: held-out success by wall time, one line per run (sampled
     solid, greedy dashed in the same colour; a run named "control" in grey). `runs`: name -> the
     run's points (`minutes`, `success`, `greedy_success` or None)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    fig, axes = _two_panels()
     for k, (name, points) in enumerate(runs.items()):
         colour = "grey" if name == "control" else f"C{k}"
         xs = [p["minutes"] for p in points]
@@ -58,7 +42,23 @@ def write_runs_curve(runs: dict[str, list[dict]], path: Path, title: str) -> Pat
         ax.set_xlabel("minutes of learning")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("held-out success")
+    return _save(fig, axes, "held-out success", title, path)
+
+
+def _two_panels():
+    """A figure with two side-by-side panels sharing the y axis (matplotlib's Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+
+
+def _save(fig, axes, ylabel: str, title: str, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    axes[0].set_ylabel(ylabel)
     axes[0].legend(loc="lower right")
     fig.suptitle(title)
     fig.tight_layout()
