@@ -143,7 +143,8 @@ class PairComparison:
 
     `difference`: A's success rate minus B's over the pairs; `mcnemar_p`: the exact two-sided test;
     `reward_*`: the paired bootstrap of the mean reward difference; `holm_p` / `reward_holm_p`: the
-    p-values adjusted across every pair of the evaluation; `verdict` reads `holm_p` at `alpha`."""
+    p-values adjusted across every pair of the evaluation; `verdict` reads `holm_p` at `alpha`
+    (`mcnemar_p` for a pair compared alone)."""
 
     a: str
     b: str
@@ -162,7 +163,16 @@ class PairComparison:
 
     @property
     def verdict(self) -> str:
-        if math.isnan(self.holm_p) or self.holm_p >= self.alpha:
+        """At `alpha` on the Holm-adjusted p; a pair compared alone (`compare_pair`: one test, nothing
+        to correct) on its own McNemar p.
+
+        >>> win = [Outcome("t", i, i, True, 1.0) for i in range(8)]
+        >>> lose = [Outcome("t", i, i, False, 0.0) for i in range(8)]
+        >>> compare_pair("A", win, "B", lose, 200).verdict
+        'A better'
+        """
+        p = self.mcnemar_p if math.isnan(self.holm_p) else self.holm_p
+        if math.isnan(p) or p >= self.alpha:
             return "no significant difference"
         return f"{self.a if self.difference > 0 else self.b} better"
 
