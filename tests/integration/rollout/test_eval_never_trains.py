@@ -90,8 +90,10 @@ def test_a_live_trainer_builds_batches_from_rollouts_and_never_from_eval_episode
                 e for e in read_topic(broker.bootstrap, topics.TRAINING_BATCHES) if isinstance(e, BatchBuilt)
             ]
 
-        def batched():
-            return {i for e in batches() if e.kind == "grpo" for i in e.trajectory_ids} >= trains
+        def batched():  # both kinds: the SFT lane flushes on its own clock, after or before GRPO's
+            built = batches()
+            grpo = {i for e in built if e.kind == "grpo" for i in e.trajectory_ids}
+            return grpo >= trains and any(e.kind == "sft" for e in built)
 
         try:
             wait_for(batched, timeout_s=120, interval_s=1.0, what="the rollout batched")
