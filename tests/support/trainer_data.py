@@ -83,3 +83,29 @@ def synthetic(n: int, group_size: int = 4, steps: int = 3, obs_len: int = 40) ->
         reward = round(((member * 7 + task * 3) % 11) / 10, 2)
         out.append(scored(f"traj-{i:05d}", f"task-{task:04d}", reward, body, group_id=f"grp-{task:04d}"))
     return out
+
+
+def publish_sft_batches(bootstrap: str, data_dir: Path, count: int) -> list[str]:
+    """`count` SFT batches of the golden group (members renamed per batch), written to `data_dir`'s
+    batch store and published as the batch builder does: each batch's `batch.rows` chunks, then its
+    `batch.built`, keyed by the batch id. Returns the batch ids in publishing order."""
+    from kafka import KafkaProducer
+
+    from consumers.batching.batch_writer import BatchStore
+    from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
+    from schemas import topics
+    from schemas.codec import encode
+
+    rows = SFTBuilder(SFTBuilderConfig(require_success=False)).build(golden_group())
+    store, producer, ids = BatchStore(data_dir), KafkaProducer(bootstrap_servers=bootstrap, acks="all"), []
+    for n in range(count):
+        members = [f"{r['trajectory_id']}-{n}" for r in rows]
+        meta = {"trajectory_ids": members, "content_hashes": [], "source_offsets": {}, "reward_versions": [],
+                "calibration_versions": [], "policy_versions": [], "builder_config": {}}  # fmt: skip
+        manifest = store.write("sft", rows, meta)
+        for event in manifest.events():
+            producer.send(topics.TRAINING_BATCHES, key=manifest.batch_id.encode(), value=encode(event))
+        ids.append(manifest.batch_id)
+    producer.flush(30)
+    producer.close()
+    return ids

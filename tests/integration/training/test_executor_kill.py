@@ -14,11 +14,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from consumers.batching.batch_writer import BatchStore
 from schemas import topics
-from schemas.codec import decode, encode
+from schemas.codec import decode
 from schemas.events import PolicyUpdated
 from tests.support.processes import AGENTSTREAM, Proc, wait_for
+from tests.support.trainer_data import publish_sft_batches
 
 pytestmark = pytest.mark.integration
 
@@ -42,32 +42,11 @@ def _published(consumer, parts) -> int:
     return sum(consumer.end_offsets(parts).values())
 
 
-def _publish_batches(bootstrap, data_dir) -> list[str]:
-    from kafka import KafkaProducer
-
-    from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
-    from tests.support.trainer_data import golden_group
-
-    rows = SFTBuilder(SFTBuilderConfig(require_success=False)).build(golden_group())
-    store, producer, ids = BatchStore(data_dir), KafkaProducer(bootstrap_servers=bootstrap, acks="all"), []
-    for n in range(BATCHES):
-        members = [f"{r['trajectory_id']}-{n}" for r in rows]
-        meta = {"trajectory_ids": members, "content_hashes": [], "source_offsets": {}, "reward_versions": [],
-                "calibration_versions": [], "policy_versions": [], "builder_config": {}}  # fmt: skip
-        manifest = store.write("sft", rows, meta)
-        for event in manifest.events():  # its batch.rows chunks, then its batch.built
-            producer.send(topics.TRAINING_BATCHES, key=manifest.batch_id.encode(), value=encode(event))
-        ids.append(manifest.batch_id)
-    producer.flush(30)
-    producer.close()
-    return ids
-
-
 def test_kill9_mid_update_publishes_each_version_once(broker, data_dir):
     from clients.kafka import ensure_topics
 
     ensure_topics(broker.bootstrap)
-    batch_ids = _publish_batches(broker.bootstrap, data_dir)
+    batch_ids = publish_sft_batches(broker.bootstrap, data_dir, BATCHES)
     common = ["train", "--follow", "--bootstrap-servers", broker.bootstrap, "--data-dir", str(data_dir)]
     common += ["--base-model", "tiny", "--kinds", "sft"]
     from kafka import KafkaConsumer, TopicPartition

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from consumers.batching.batch_writer import BatchStore
 from schemas import topics
-from schemas.codec import decode, encode
+from schemas.codec import decode
 from tests.support.processes import AGENTSTREAM, Proc, pid_gone, wait_for
+from tests.support.trainer_data import publish_sft_batches
 
 pytestmark = pytest.mark.integration
 
@@ -36,27 +36,6 @@ def _read_all(bootstrap, topic):
     events = [decode(r.value) for r in consumer]
     consumer.close()
     return events
-
-
-def _publish_batches(bootstrap, data_dir) -> list[str]:
-    from kafka import KafkaProducer
-
-    from consumers.batching.builders.sft import SFTBuilder, SFTBuilderConfig
-    from tests.support.trainer_data import golden_group
-
-    rows = SFTBuilder(SFTBuilderConfig(require_success=False)).build(golden_group())
-    store, producer, ids = BatchStore(data_dir), KafkaProducer(bootstrap_servers=bootstrap, acks="all"), []
-    for n in range(BATCHES):
-        members = [f"{r['trajectory_id']}-{n}" for r in rows]
-        meta = {"trajectory_ids": members, "content_hashes": [], "source_offsets": {}, "reward_versions": [],
-                "calibration_versions": [], "policy_versions": [], "builder_config": {}}  # fmt: skip
-        manifest = store.write("sft", rows, meta)
-        for event in manifest.events():  # its batch.rows chunks, then its batch.built
-            producer.send(topics.TRAINING_BATCHES, key=manifest.batch_id.encode(), value=encode(event))
-        ids.append(manifest.batch_id)
-    producer.flush(30)
-    producer.close()
-    return ids
 
 
 def _rank_pid(launcher_pid: int, rank: int, not_port: str | None = None) -> tuple[int, str] | None:
@@ -92,7 +71,7 @@ def test_killing_either_rank_restarts_the_group_and_each_version_is_published_on
     from clients.kafka import ensure_topics
 
     ensure_topics(broker.bootstrap)
-    batch_ids = _publish_batches(broker.bootstrap, data_dir)
+    batch_ids = publish_sft_batches(broker.bootstrap, data_dir, BATCHES)
     args = ["train", "--follow", "--nproc", "2", "--bootstrap-servers", broker.bootstrap]
     args += ["--data-dir", str(data_dir), "--base-model", "tiny", "--kinds", "sft", "--idle-exit-s", "10"]
     watcher = KafkaConsumer(bootstrap_servers=broker.bootstrap)
