@@ -19,22 +19,6 @@ CONFIG = TrainConfig(learning_rate=5e-3, micro_batch_size=4)
 GRPO = GRPOGroupBuilder(GRPOGroupConfig(retokenize=True))  # message rows, tokenized by the executor
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A data dir with the tiny model built once (building it trains a tokenizer)."""
-    from consumers.tiny_model import tiny_model_dir
-
-    root = tmp_path_factory.mktemp("tiny")
-    tiny_model_dir(root)
-    return root
-
-
-@pytest.fixture
-def data_dir(model_dir, tmp_path):
-    (tmp_path / "models").symlink_to(model_dir / "models")
-    return tmp_path
-
-
 def _losses(executor, rows, method, n=4):
     return [executor.train_rows(rows, method)["loss"] for _ in range(n)]
 

@@ -372,15 +372,6 @@ def test_every_rank_of_a_group_restores_when_rank_0_does(monkeypatch):
 # --- the real executor (tiny model, LoRA, CPU) ----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from consumers.tiny_model import tiny_model_dir
-
-    root = tmp_path_factory.mktemp("tiny")
-    tiny_model_dir(root)
-    return root
-
-
 def _data_dir(model_dir: Path, path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "models").symlink_to(model_dir / "models")

@@ -24,21 +24,6 @@ GRPO_ROWS = GRPOGroupBuilder(GRPOGroupConfig(retokenize=True)).build(golden_grou
 CONFIG = {"learning_rate": 5e-3, "micro_batch_size": 2, "lr_schedule": "constant"}
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from consumers.tiny_model import tiny_model_dir
-
-    root = tmp_path_factory.mktemp("tiny")
-    tiny_model_dir(root)
-    return root
-
-
-@pytest.fixture
-def data_dir(model_dir, tmp_path):
-    (tmp_path / "models").symlink_to(model_dir / "models")
-    return tmp_path
-
-
 def _lengths(executor, rows, key=None):
     return [len(executor.encode_row(r, key).input_ids) for r in rows]
 
